@@ -1,0 +1,178 @@
+"""Settings of the Taskhoster server, configured by environment (SPEC section 7)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("TASKHOSTER_VAR", BASE_DIR / "var"))
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() not in {"0", "false", "no", "off"}
+
+
+def _secret_key() -> str:
+    key = os.environ.get("DJANGO_SECRET_KEY")
+    if key:
+        return key
+    path = VAR_DIR / "secret_key"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        key = secrets.token_urlsafe(50)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(key)
+        return key
+    except OSError:
+        return secrets.token_urlsafe(50)
+
+
+SECRET_KEY = _secret_key()
+DEBUG = _env_flag("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "*").split(",") if h]
+CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",")
+                        if o]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "taskhoster",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "project.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+WSGI_APPLICATION = None
+ASGI_APPLICATION = "project.asgi.application"
+
+
+def _database() -> dict[str, object]:
+    url = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'taskhoster.sqlite3'}"
+    config: dict[str, object] = dict(dj_database_url.parse(url))
+    engine = str(config["ENGINE"])
+    options: dict[str, object] = dict(config.get("OPTIONS") or {})  # type: ignore[call-overload]
+    if "sqlite" in engine:
+        # WAL lets readers run beside the writer; IMMEDIATE makes every write transaction
+        # take the lock at BEGIN, so two writers never deadlock upgrading a read lock.
+        # synchronous=NORMAL is enough: durability comes from the item files, and the index
+        # can be rebuilt from them.
+        options.setdefault("transaction_mode", "IMMEDIATE")
+        options.setdefault("timeout", 30)
+        options.setdefault(
+            "init_command",
+            "PRAGMA journal_mode=WAL;PRAGMA synchronous=NORMAL;PRAGMA busy_timeout=30000;",
+        )
+        name = str(config.get("NAME") or "")
+        if name and name != ":memory:":
+            Path(name).parent.mkdir(parents=True, exist_ok=True)
+        config["TEST"] = {"NAME": os.environ.get("TASKHOSTER_TEST_DB") or
+                          str(VAR_DIR / "test.sqlite3")}
+    elif "postgresql" in engine:
+        # The index can be rebuilt from the durable item files, so a commit need not wait
+        # for the database's own flush.
+        options.setdefault("options", "-c synchronous_commit=off")
+        if _env_flag("TASKHOSTER_DB_POOL", True):
+            options.setdefault("pool", {"min_size": 1, "max_size": 20, "timeout": 30})
+    config["OPTIONS"] = options
+    config.setdefault("CONN_MAX_AGE", 0)
+    return config
+
+
+DATABASES = {"default": _database()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+if os.environ.get("REDIS_URL"):
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [os.environ["REDIS_URL"]]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+TASKHOSTER = {
+    "ROOT": os.environ.get("TASKHOSTER_ROOT") or str(VAR_DIR / "state"),
+    "FSYNC": _env_flag("TASKHOSTER_FSYNC", True),
+    "MAX_PAYLOAD_BYTES": int(os.environ.get("TASKHOSTER_MAX_PAYLOAD_BYTES", 1024 * 1024)),
+}
+
+# A batch of up to 1,000 items rides in one body; the per-item limit is checked separately.
+DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("TASKHOSTER_MAX_BODY_BYTES", 64 * 1024 * 1024))
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["taskhoster.api.auth.KeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["taskhoster.api.auth.HasKey"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["taskhoster.api.parsers.StrictJSONParser"],
+    "EXCEPTION_HANDLER": "taskhoster.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Taskhoster API",
+    "DESCRIPTION": "Producers post items and read results; workers claim items and hand back "
+    "results. Authenticate with `Authorization: Token <key>`.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+LOGIN_URL = "/admin/login/"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {
+        "taskhoster": {"handlers": ["console"], "level": os.environ.get("TASKHOSTER_LOG", "INFO")},
+    },
+}
+APPEND_SLASH = False

@@ -1,0 +1,12 @@
+from django.contrib import admin
+from django.urls import include, path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("", include("taskhoster.urls")),
+]
+
+handler400 = "taskhoster.api.errors.json_400"
+handler403 = "taskhoster.api.errors.json_403"
+handler404 = "taskhoster.api.errors.json_404"
+handler500 = "taskhoster.api.errors.json_500"

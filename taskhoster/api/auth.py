@@ -1,0 +1,51 @@
+"""``Authorization: Token <key>`` for DRF, and the scope and queue checks of the views."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import exceptions
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+
+from ..keys import Principal, authenticate, parse_authorization
+
+
+class KeyAuthentication(BaseAuthentication):
+    def authenticate(self, request: Request) -> tuple[Principal, str] | None:
+        header = request.META.get("HTTP_AUTHORIZATION")
+        if not header:
+            return None
+        secret = parse_authorization(header)
+        if secret is None:
+            raise exceptions.AuthenticationFailed("expected 'Authorization: Token <key>'")
+        principal = authenticate(secret)
+        if principal is None:
+            raise exceptions.AuthenticationFailed("invalid or revoked key")
+        return principal, secret
+
+    def authenticate_header(self, request: Request) -> str:
+        return "Token"
+
+
+class HasKey(BasePermission):
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return isinstance(request.user, Principal)
+
+
+def principal_of(request: Request) -> Principal:
+    user = request.user
+    if not isinstance(user, Principal):
+        raise exceptions.NotAuthenticated()
+    return user
+
+
+def require(request: Request, *scopes: str, queue: str | None = None) -> Principal:
+    """The caller, if it has one of ``scopes`` and may use ``queue``; else 403."""
+    principal = principal_of(request)
+    if scopes and not principal.has_scope(*scopes):
+        raise exceptions.PermissionDenied(f"this key needs the {' or '.join(scopes)} scope")
+    if queue is not None and not principal.may_use(queue):
+        raise exceptions.PermissionDenied(f"this key may not use queue {queue!r}")
+    return principal

@@ -1,0 +1,39 @@
+"""A JSON parser that refuses oversized bodies (413) and anything but strict JSON (400)."""
+
+from __future__ import annotations
+
+import json
+from typing import IO, Any
+
+from django.conf import settings
+from rest_framework import exceptions, status
+from rest_framework.parsers import BaseParser
+
+
+class BodyTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "the request body is too large"
+    default_code = "too_large"
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+class StrictJSONParser(BaseParser):
+    media_type = "application/json"
+
+    def parse(self, stream: IO[bytes] | None, media_type: str | None = None,
+              parser_context: dict[str, Any] | None = None) -> Any:
+        limit = int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0) or 64 * 1024 * 1024
+        if stream is None:
+            return None
+        data = stream.read(limit + 1)
+        if len(data) > limit:
+            raise BodyTooLarge(f"the request body is larger than {limit} bytes")
+        try:
+            return json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise exceptions.ParseError(f"malformed JSON: {exc}") from None
+        except RecursionError:
+            raise exceptions.ParseError("malformed JSON: nested too deeply") from None

@@ -1,0 +1,77 @@
+"""Reads: one item (a producer's read starts the ``fetched`` retention clock), long-poll for a
+verdict, pages of items, and live counts per status."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.db.models import Count
+
+from .. import events
+from ..conf import get_conf
+from ..errors import ItemNotFound
+from ..models import Item, Queue
+from ..status import Status
+from ..store import FileMissing, Record
+from ..timeutil import now as utcnow
+from .common import read_record
+
+
+def get_item(*, item_id: str, producer_read: bool = False) -> tuple[Item, Record]:
+    """The item's row and file. A producer's read of a terminal item marks it fetched."""
+    row = Item.objects.select_related("queue").filter(id=item_id).first()
+    if row is None:
+        raise ItemNotFound(f"item {item_id!r} does not exist")
+    try:
+        _state, record = read_record(row.queue.name, row)
+    except FileMissing:
+        raise ItemNotFound(f"item {item_id!r} does not exist") from None
+    if producer_read and Status(row.status).is_terminal and row.fetched_at is None:
+        at = utcnow()
+        if Item.objects.filter(id=item_id, fetched_at__isnull=True).update(fetched_at=at):
+            row.fetched_at = at
+    return row, record
+
+
+def wait_for_verdict(*, item_id: str, wait: float) -> None:
+    """Return once the item is terminal or gone, or after ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    interval = get_conf().long_poll_interval
+    while True:
+        seen = events.generation()
+        status = Item.objects.filter(id=item_id).values_list("status", flat=True).first()
+        if status is None or Status(status).is_terminal:
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        events.wait_for_news(seen, min(remaining, interval))
+
+
+def list_items(*, queue: Queue, status: Status | None, thread_id: str | None,
+               after: str | None, limit: int) -> tuple[list[Item], str | None]:
+    """A page of items in id order (arrival), and the id to continue after, if any."""
+    rows = Item.objects.filter(queue=queue)
+    if status is not None:
+        rows = rows.filter(status=status)
+    if thread_id is not None:
+        rows = rows.filter(thread_id=thread_id)
+    if after:
+        rows = rows.filter(id__gt=after)
+    page = list(rows.order_by("id")[: limit + 1])
+    more = len(page) > limit
+    page = page[:limit]
+    return page, (page[-1].id if more and page else None)
+
+
+def counts_by_queue(queue_ids: list[int]) -> dict[int, dict[str, int]]:
+    counts: dict[int, dict[str, int]] = {q: {s.value: 0 for s in Status} for q in queue_ids}
+    for row in (Item.objects.filter(queue_id__in=queue_ids).values("queue_id", "status")
+                .annotate(n=Count("id"))):
+        counts[row["queue_id"]][row["status"]] = row["n"]
+    return counts
+
+
+def payload_and_result(record: Record) -> tuple[Any, Any]:
+    return record.get("payload"), record.get("result")

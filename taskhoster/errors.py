@@ -1,0 +1,66 @@
+"""The one error root of Taskhoster.
+
+Domain code raises these; one DRF exception handler and one socket helper turn them into
+``{"error": {"code", "message"}}``. The core never knows about HTTP: ``http_status`` is a hint
+that the API layer reads, nothing more.
+"""
+
+from __future__ import annotations
+
+
+class TaskhosterError(Exception):
+    code = "error"
+    http_status = 400
+
+    def __init__(self, message: str = "", *, code: str | None = None) -> None:
+        super().__init__(message or self.__class__.__doc__ or self.code)
+        self.message = message or (self.__class__.__doc__ or self.code).strip()
+        if code is not None:
+            self.code = code
+
+
+class InvalidInput(TaskhosterError):
+    """The request is not valid."""
+
+    code = "invalid"
+    http_status = 400
+
+
+class NotFound(TaskhosterError):
+    """No such object."""
+
+    code = "not_found"
+    http_status = 404
+
+
+class QueueNotFound(NotFound):
+    """No such queue."""
+
+    code = "queue_not_found"
+
+
+class ItemNotFound(NotFound):
+    """No such item."""
+
+    code = "item_not_found"
+
+
+class Conflict(TaskhosterError):
+    """The object is not in a state that allows this."""
+
+    code = "conflict"
+    http_status = 409
+
+
+class TooLarge(TaskhosterError):
+    """The request or a value in it is larger than allowed."""
+
+    code = "too_large"
+    http_status = 413
+
+
+class StoreError(TaskhosterError):
+    """The state directories could not be read or written."""
+
+    code = "store_error"
+    http_status = 503

@@ -1,0 +1,83 @@
+"""API keys: created with ``manage.py createkey``, stored as SHA-256 hashes, checked per request.
+
+A key is 32 random bytes, so a plain SHA-256 is enough to store it (no password stretching is
+needed for a secret that cannot be guessed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .errors import InvalidInput
+from .models import ApiKey
+from .store import QUEUE_NAME_PATTERN
+
+SCOPES = ("produce", "work", "manage")
+KEY_PREFIX = "th_"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a key's name, scopes and optional queue limits."""
+
+    key_id: int
+    name: str
+    scopes: frozenset[str]
+    queues: frozenset[str] | None
+
+    is_authenticated = True
+
+    def has_scope(self, *scopes: str) -> bool:
+        return any(s in self.scopes for s in scopes)
+
+    def may_use(self, queue: str) -> bool:
+        return self.queues is None or queue in self.queues
+
+
+def hash_key(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def create_key(*, name: str, scopes: Iterable[str], queues: Iterable[str] | None = None
+               ) -> tuple[ApiKey, str]:
+    """Create a key; the secret is returned once and never stored."""
+    scope_list = sorted({s.strip() for s in scopes if s.strip()})
+    bad = [s for s in scope_list if s not in SCOPES]
+    if bad or not scope_list:
+        raise InvalidInput(f"scopes must be some of {', '.join(SCOPES)}", code="invalid_scope")
+    queue_list = None
+    if queues is not None:
+        queue_list = sorted({q.strip() for q in queues if q.strip()}) or None
+        for q in queue_list or []:
+            if QUEUE_NAME_PATTERN.fullmatch(q) is None:
+                raise InvalidInput(f"invalid queue name {q!r}", code="invalid_queue_name")
+    if not name or len(name) > 100:
+        raise InvalidInput("a key needs a name of 1-100 characters", code="invalid_name")
+    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    key = ApiKey.objects.create(name=name, prefix=secret[:10], key_hash=hash_key(secret),
+                                scopes=scope_list, queues=queue_list)
+    return key, secret
+
+
+def authenticate(secret: str) -> Principal | None:
+    if not secret or len(secret) > 200:
+        return None
+    key = ApiKey.objects.filter(key_hash=hash_key(secret), revoked_at__isnull=True).first()
+    if key is None:
+        return None
+    queues = frozenset(key.queues) if key.queues else None
+    return Principal(key_id=key.id, name=key.name, scopes=frozenset(key.scopes or ()),
+                     queues=queues)
+
+
+def parse_authorization(header: str | None) -> str | None:
+    """The secret of ``Authorization: Token <secret>``, or None if the header is not that."""
+    if not header:
+        return None
+    parts = header.split()
+    if len(parts) != 2 or parts[0].lower() != "token":
+        return None
+    return parts[1]

@@ -1,0 +1,52 @@
+"""``manage.py bootstrap``: on first run, an admin user and a full-scope API key.
+
+Both are saved under ``var/credentials.json`` (mode 0600) and printed once; later runs only
+say where the file is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandParser
+
+from ...keys import create_key
+
+
+class Command(BaseCommand):
+    help = "Create the first admin user and API key (once), saved to var/credentials.json."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--file", default=None, help="where to save the credentials")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        path = Path(options["file"] or Path(settings.VAR_DIR) / "credentials.json")  # type: ignore[misc]
+        user_model = get_user_model()
+        if path.exists() and user_model.objects.filter(username="admin").exists():
+            self.stdout.write(f"Credentials were created on first run; see {path}")
+            return
+        password = secrets.token_urlsafe(12)
+        user = user_model.objects.filter(username="admin").first()
+        if user is None:
+            user = user_model.objects.create_superuser("admin", "", password)
+        else:
+            user.set_password(password)
+            user.save()
+        _key, secret = create_key(name="bootstrap", scopes=["produce", "work", "manage"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"admin": {"username": "admin", "password": password}, "apiKey": secret}
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2)
+        os.chmod(path, 0o600)
+        self.stdout.write(
+            "First run: created an admin user and a full-scope API key "
+            f"(saved to {path}, mode 0600; shown only this once):\n"
+            f"  admin user: admin\n  password:   {password}\n  API key:    {secret}"
+        )

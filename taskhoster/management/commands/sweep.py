@@ -1,0 +1,50 @@
+"""``manage.py sweep``: one pass of the clocks; ``--every S`` repeats; ``--repair`` first
+brings the index back in line with the state directories."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import close_old_connections
+
+from ... import engine
+from ...conf import get_conf
+
+
+class Command(BaseCommand):
+    help = "Apply the clocks: re-queue lapsed leases, fail aged items, delete retained ones."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--every", type=float, default=None, metavar="SECONDS",
+                            help="repeat every SECONDS until interrupted")
+        parser.add_argument("--repair", action="store_true",
+                            help="first rebuild or correct the index from the state directories")
+        parser.add_argument("--grace", type=float, default=None, metavar="SECONDS",
+                            help="with --repair: leave files and rows younger than this alone "
+                            "(default REPAIR_GRACE_SECONDS; 0 when no server is running)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        every = options["every"]
+        if every is not None and every <= 0:
+            raise CommandError("--every must be a positive number of seconds")
+        if options["repair"]:
+            grace = options["grace"]
+            if grace is None:
+                grace = get_conf().repair_grace_seconds
+            self.stdout.write(str(engine.repair(grace_seconds=grace)))
+        stop = threading.Event()
+        if every is not None:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: stop.set())
+        while True:
+            report = engine.sweep()
+            if every is None or report.requeued or report.timed_out or report.retained:
+                self.stdout.write(str(report))
+            if every is None:
+                return
+            close_old_connections()
+            if stop.wait(every):
+                return

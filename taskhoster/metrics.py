@@ -1,0 +1,126 @@
+"""Counters for ``/metrics``, shared across server processes through the database.
+
+Each process counts in memory and adds its counts to its own ``Counter`` rows at most once a
+second, so counting never makes two processes contend for one row. ``render()`` sums the rows
+of all processes and adds live item counts from the index.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import defaultdict
+
+from django.db import transaction
+from django.db.models import Count, F, Sum
+
+PROCESS = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+FLUSH_INTERVAL = 1.0
+
+_lock = threading.Lock()
+_pending: dict[tuple[str, str], float] = defaultdict(float)
+_last_flush = 0.0
+
+COUNTER_HELP = {
+    "posts": "Items posted.",
+    "claims": "Items handed to a worker.",
+    "results": "Items finished by a worker's result.",
+    "failures": "Items that died or timed out.",
+    "requeues": "Items put back to pending (lease lapse, disconnect, retryable failure).",
+    "timeouts": "Items failed by the queue timeout.",
+}
+
+
+def count(queue: str, name: str, amount: float = 1) -> None:
+    with _lock:
+        _pending[(queue, name)] += amount
+    maybe_flush()
+
+
+def observe_latency(queue: str, seconds: float) -> None:
+    with _lock:
+        for bound in LATENCY_BUCKETS:
+            if seconds <= bound:
+                _pending[(queue, f"latency_le_{bound}")] += 1
+        _pending[(queue, "latency_sum")] += seconds
+        _pending[(queue, "latency_count")] += 1
+    maybe_flush()
+
+
+def maybe_flush(force: bool = False) -> None:
+    global _last_flush
+    now = time.monotonic()
+    if not force and now - _last_flush < FLUSH_INTERVAL:
+        return
+    with _lock:
+        if not _pending:
+            _last_flush = now
+            return
+        batch = dict(_pending)
+        _pending.clear()
+        _last_flush = now
+    from .models import Counter
+
+    try:
+        with transaction.atomic():
+            for (queue, name), amount in batch.items():
+                updated = Counter.objects.filter(process=PROCESS, queue=queue, name=name).update(
+                    value=F("value") + amount
+                )
+                if not updated:
+                    Counter.objects.create(process=PROCESS, queue=queue, name=name, value=amount)
+    except Exception:
+        with _lock:
+            for key, amount in batch.items():
+                _pending[key] += amount
+        raise
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render() -> str:
+    from .models import Counter, Item, Queue
+    from .status import Status
+
+    maybe_flush(force=True)
+    lines: list[str] = []
+    lines.append("# HELP taskhoster_items Items per queue and status.")
+    lines.append("# TYPE taskhoster_items gauge")
+    counts = {
+        (row["queue__name"], row["status"]): row["n"]
+        for row in Item.objects.values("queue__name", "status").annotate(n=Count("id"))
+    }
+    for queue in Queue.objects.filter(deleting=False).values_list("name", flat=True):
+        for status in Status:
+            n = counts.get((queue, status.value), 0)
+            lines.append(f'taskhoster_items{{queue="{_escape(queue)}",status="{status}"}} {n}')
+    totals = {
+        (row["queue"], row["name"]): row["total"]
+        for row in Counter.objects.values("queue", "name").annotate(total=Sum("value"))
+    }
+    queues = sorted({q for q, _ in totals})
+    for name, help_text in COUNTER_HELP.items():
+        lines.append(f"# HELP taskhoster_{name}_total {help_text}")
+        lines.append(f"# TYPE taskhoster_{name}_total counter")
+        for queue in queues:
+            value = totals.get((queue, name), 0)
+            lines.append(f'taskhoster_{name}_total{{queue="{_escape(queue)}"}} {value:g}')
+    lines.append("# HELP taskhoster_post_to_claim_seconds Time from due to first claim.")
+    lines.append("# TYPE taskhoster_post_to_claim_seconds histogram")
+    for queue in queues:
+        q = _escape(queue)
+        for bound in LATENCY_BUCKETS:
+            value = totals.get((queue, f"latency_le_{bound}"), 0)
+            lines.append(f'taskhoster_post_to_claim_seconds_bucket{{queue="{q}",le="{bound}"}} {value:g}')
+        total = totals.get((queue, "latency_count"), 0)
+        lines.append(f'taskhoster_post_to_claim_seconds_bucket{{queue="{q}",le="+Inf"}} {total:g}')
+        lines.append(f'taskhoster_post_to_claim_seconds_sum{{queue="{q}"}} '
+                     f'{totals.get((queue, "latency_sum"), 0):g}')
+        lines.append(f'taskhoster_post_to_claim_seconds_count{{queue="{q}"}} {total:g}')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,195 @@
+"""The index: queue settings, threads, API keys and item metadata (never payloads).
+
+The state directories are the truth; these rows make claims, listings and the sweep fast and
+can be rebuilt from the files (``manage.py sweep --repair``).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from .status import RetainFrom, Status
+
+QUEUE_DEFAULTS = {
+    "lease_seconds": 60.0,
+    "queue_seconds": 86400.0,
+    "retain_seconds": 3600.0,
+    "retain_from": RetainFrom.FINISHED.value,
+    "max_attempts": None,
+    "backoff_seconds": 1.0,
+    "backoff_max_seconds": 300.0,
+    "dead_letter_queue": None,
+}
+
+
+class Queue(models.Model):
+    """A named stream of items and its settings (SPEC section 2)."""
+
+    name = models.CharField(max_length=64, unique=True)
+    lease_seconds = models.FloatField(
+        default=60.0, help_text="How long a claim lasts unless extended."
+    )
+    queue_seconds = models.FloatField(
+        default=86400.0,
+        help_text="An item older than this (from postedAt) fails with error 'timeout'.",
+    )
+    retain_seconds = models.FloatField(
+        default=3600.0, help_text="A done item is deleted this long after retainFrom."
+    )
+    retain_from = models.CharField(
+        max_length=16,
+        choices=[(r.value, r.value) for r in RetainFrom],
+        default=RetainFrom.FINISHED.value,
+        help_text="'finished': the clock starts at completion; 'fetched': at a producer's "
+        "first read of the terminal item (never read = kept).",
+    )
+    max_attempts = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Empty = unlimited; else an item that would be re-queued after its "
+        "maxAttempts-th claim dies instead.",
+    )
+    backoff_seconds = models.FloatField(
+        default=1.0, help_text="First retry delay after a retryable failure; doubles each attempt."
+    )
+    backoff_max_seconds = models.FloatField(default=300.0, help_text="Cap on the retry delay.")
+    dead_letter_queue = models.CharField(
+        max_length=64,
+        null=True,
+        blank=True,
+        help_text="Name of another queue; an item that dies is copied there as a new pending item.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    deleting = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Thread(models.Model):
+    """A live thread: the non-terminal members of one queue sharing a ``threadId``."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="threads")
+    thread_id = models.CharField(max_length=200)
+    member_count = models.PositiveIntegerField(default=0)
+    processing_item = models.CharField(max_length=64, null=True, blank=True)
+    head_item = models.CharField(max_length=64, null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "thread_id"], name="thread_unique_per_queue")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_id}:{self.thread_id}"
+
+
+class Item(models.Model):
+    """The index row of one item. Its payload and result live only in its file."""
+
+    id = models.CharField(max_length=64, primary_key=True)
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="items")
+    status = models.CharField(max_length=16, choices=Status.choices(), default=Status.PENDING)
+    # True exactly when the item may be claimed as soon as it is due: pending, and either
+    # unthreaded or the head of a thread with no member processing.
+    eligible = models.BooleanField(default=False)
+    thread_id = models.CharField(max_length=200, null=True, blank=True)
+    key = models.CharField(max_length=200, null=True, blank=True)
+    # Arrival order: the id at post, a fresh id-like value at restart (a brand-new arrival).
+    seq = models.CharField(max_length=64)
+    scheduled_at = models.DateTimeField()
+    posted_at = models.DateTimeField()
+    attempts = models.PositiveIntegerField(default=0)
+    lease = models.CharField(max_length=64, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    fetched_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(null=True, blank=True)
+    origin = models.JSONField(null=True, blank=True)
+    dead_letter = models.CharField(max_length=64, null=True, blank=True)
+    rev = models.PositiveIntegerField(default=1)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["queue", "scheduled_at", "seq"],
+                condition=Q(eligible=True),
+                name="item_claimable",
+            ),
+            models.Index(fields=["queue", "status", "id"], name="item_by_status"),
+            models.Index(fields=["queue", "id"], name="item_by_queue"),
+            models.Index(
+                fields=["queue", "thread_id", "status", "scheduled_at", "seq"],
+                condition=Q(thread_id__isnull=False),
+                name="item_thread_order",
+            ),
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(status="processing"),
+                name="item_lease_clock",
+            ),
+            models.Index(
+                fields=["queue", "posted_at"],
+                condition=Q(status__in=["pending", "processing"]),
+                name="item_age_clock",
+            ),
+            models.Index(
+                fields=["queue", "finished_at"],
+                condition=Q(status__in=["finished", "failed"]),
+                name="item_retain_finished",
+            ),
+            models.Index(
+                fields=["queue", "fetched_at"],
+                condition=Q(status__in=["finished", "failed"], fetched_at__isnull=False),
+                name="item_retain_fetched",
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue", "key"], condition=Q(key__isnull=False), name="item_key_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class ApiKey(models.Model):
+    """An API key. Only the SHA-256 of the secret is stored."""
+
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=12, help_text="The first characters, to recognise a key.")
+    key_hash = models.CharField(max_length=64, unique=True)
+    scopes = models.JSONField(default=list, help_text="Any of: produce, work, manage.")
+    queues = models.JSONField(
+        null=True, blank=True, help_text="Queue names this key is limited to; empty = all."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+
+class Counter(models.Model):
+    """Metric counters, one row per (process, queue, name), summed by ``/metrics``.
+
+    Each server process owns its rows, so counting never contends across processes.
+    """
+
+    process = models.CharField(max_length=64)
+    queue = models.CharField(max_length=64)
+    name = models.CharField(max_length=64)
+    value = models.FloatField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["process", "queue", "name"], name="counter_unique")
+        ]

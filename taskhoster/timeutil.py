@@ -1,0 +1,27 @@
+"""UTC times on the wire: ISO-8601 with a ``Z``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from django.utils import timezone
+
+
+def now() -> datetime:
+    return timezone.now()
+
+
+def to_wire(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def parse_wire(value: object) -> datetime:
+    """Parse an ISO-8601 time with an offset or ``Z``; a naive time is refused."""
+    if not isinstance(value, str) or len(value) > 64:
+        raise ValueError("expected an ISO-8601 time string")
+    parsed = datetime.fromisoformat(value.replace("z", "Z").replace("Z", "+00:00"))
+    if parsed.tzinfo is None:
+        raise ValueError("the time needs a UTC offset or Z")
+    return parsed.astimezone(UTC)

@@ -1,0 +1,150 @@
+"""Shared fixtures: a fresh state root per test, API clients with keys, queue factories, and
+a real daphne server subprocess sharing the test database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.conf import settings
+from rest_framework.test import APIClient
+
+from taskhoster import engine
+from taskhoster.keys import create_key
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def state_root(tmp_path: Path, settings: Any) -> Path:
+    root = tmp_path / "state"
+    settings.TASKHOSTER = {**settings.TASKHOSTER, "ROOT": str(root), "LONG_POLL_INTERVAL": 0.05}
+    return root
+
+
+@pytest.fixture
+def make_key(db: None) -> Callable[..., str]:
+    def make(scopes: str = "produce,work,manage", queues: list[str] | None = None) -> str:
+        return create_key(name="test", scopes=scopes.split(","), queues=queues)[1]
+
+    return make
+
+
+@pytest.fixture
+def api(make_key: Callable[..., str]) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {make_key()}")
+    return client
+
+
+@pytest.fixture
+def make_queue(db: None) -> Callable[..., Any]:
+    def make(name: str = "q", **settings_: Any) -> Any:
+        return engine.upsert_queue(name=name, body=settings_)[0]
+
+    return make
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def database_url() -> str:
+    db = settings.DATABASES["default"]
+    if "sqlite" in db["ENGINE"]:
+        return f"sqlite:///{db['NAME']}"
+    user = db.get("USER") or ""
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    host = db.get("HOST") or "127.0.0.1"
+    port = db.get("PORT") or 5432
+    return f"postgres://{user}{password}@{host}:{port}/{db['NAME']}"
+
+
+def server_env(root: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "DATABASE_URL": database_url(),
+        "TASKHOSTER_ROOT": str(root),
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "PYTHONPATH": str(REPO),
+    })
+    env.update(extra)
+    return env
+
+
+class Server:
+    """A daphne subprocess serving the project on a free port."""
+
+    def __init__(self, root: Path, **env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.root = root
+        self.env = server_env(root, **env)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Server:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+             "project.asgi:application"],
+            cwd=REPO, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daphne exited: {self.proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise RuntimeError("daphne did not start")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def server_factory(transactional_db: None, state_root: Path) -> Iterator[Callable[..., Server]]:
+    started: list[Server] = []
+
+    def start(**env: str) -> Server:
+        server = Server(state_root, **env).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def manage(transactional_db: None, state_root: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run ``manage.py`` in a subprocess against the test database and state root."""
+
+    def run(*args: str, check: bool = True, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO,
+                              env=server_env(state_root, **env), capture_output=True, text=True,
+                              check=check, timeout=120)
+
+    return run
