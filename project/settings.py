@@ -106,11 +106,13 @@ def _database() -> dict[str, object]:
         if name and name != ":memory:":
             Path(name).parent.mkdir(parents=True, exist_ok=True)
         config["TEST"] = {"NAME": os.environ.get("TASKHOSTER_TEST_DB") or
-                          str(VAR_DIR / "test.sqlite3")}
+                          str(VAR_DIR / f"test-{os.getpid()}.sqlite3")}
     elif "postgresql" in engine:
         # The index can be rebuilt from the durable item files, so a commit need not wait
         # for the database's own flush.
         options.setdefault("options", "-c synchronous_commit=off")
+        if os.environ.get("TASKHOSTER_TEST_DB"):
+            config["TEST"] = {"NAME": os.environ["TASKHOSTER_TEST_DB"]}
         if _env_flag("TASKHOSTER_DB_POOL", True):
             options.setdefault("pool", {"min_size": 1, "max_size": 20, "timeout": 30})
     config["OPTIONS"] = options

@@ -92,17 +92,19 @@ class Server:
         self.root = root
         self.env = server_env(root, **env)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.log = root.parent / f"daphne-{self.port}.log"
 
     def start(self) -> Server:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-             "project.asgi:application"],
-            cwd=REPO, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+                 "project.asgi:application"],
+                cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"daphne exited: {self.proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+                raise RuntimeError(f"daphne exited: {self.log.read_text()[-2000:]}")
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
                     return self
