@@ -2,14 +2,16 @@
 
 import os
 
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
-django_asgi_app = get_asgi_application()
+# The admin's CSS and JS are served by the same process: there is no separate web server.
+django_asgi_app = ASGIStaticFilesHandler(get_asgi_application())
 
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter
 
-from taskhoster.routing import websocket_urlpatterns  # noqa: E402
+from taskhoster.routing import websocket_urlpatterns
 
 application = ProtocolTypeRouter(
     {

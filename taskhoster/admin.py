@@ -14,7 +14,7 @@ from django.http import HttpRequest
 from .models import ApiKey, Item, Queue, Thread
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ReadOnlyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 

@@ -193,3 +193,6 @@ class Counter(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["process", "queue", "name"], name="counter_unique")
         ]
+
+    def __str__(self) -> str:
+        return f"{self.queue}:{self.name}@{self.process}"

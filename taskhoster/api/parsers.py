@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import IO, Any
 
 from django.conf import settings
@@ -24,7 +25,7 @@ class StrictJSONParser(BaseParser):
     media_type = "application/json"
 
     def parse(self, stream: IO[bytes] | None, media_type: str | None = None,
-              parser_context: dict[str, Any] | None = None) -> Any:
+              parser_context: Mapping[str, Any] | None = None) -> Any:
         limit = int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0) or 64 * 1024 * 1024
         if stream is None:
             return None

@@ -19,7 +19,7 @@ from ..status import Status
 from ..timeutil import parse_wire, to_wire
 
 
-class StrictSerializer(serializers.Serializer):  # type: ignore[type-arg]
+class StrictSerializer(serializers.Serializer):
     def to_internal_value(self, data: Any) -> Any:
         if not isinstance(data, dict):
             raise serializers.ValidationError({"non_field_errors": ["expected a JSON object"]},
@@ -46,7 +46,7 @@ class AnyJSONField(serializers.JSONField):
         return data
 
 
-class WireTimeField(serializers.Field):  # type: ignore[type-arg]
+class WireTimeField(serializers.Field):
     def to_internal_value(self, data: Any) -> Any:
         try:
             return parse_wire(data)
@@ -103,9 +103,9 @@ class StrictBooleanField(serializers.BooleanField):
 
 class PostItemSerializer(StrictSerializer):
     payload = AnyJSONField(required=True)
-    threadId = ThreadIdField(required=False, allow_null=True)  # noqa: N815
-    scheduledAt = WireTimeField(required=False, allow_null=True)  # noqa: N815
-    delaySeconds = StrictNumberField(required=False, allow_null=True, min_value=0,  # noqa: N815
+    threadId = ThreadIdField(required=False, allow_null=True)
+    scheduledAt = WireTimeField(required=False, allow_null=True)
+    delaySeconds = StrictNumberField(required=False, allow_null=True, min_value=0,
                                      max_value=366 * 86400)
     key = StringField(required=False, allow_null=True, min_length=1, max_length=200,
                       trim_whitespace=False)
@@ -160,17 +160,17 @@ class BulkDeleteSerializer(StrictSerializer):
         return attrs
 
 
-class QueueSettingsSerializer(serializers.Serializer):  # type: ignore[type-arg]
+class QueueSettingsSerializer(serializers.Serializer):
     """Queue settings as sent and returned (validated by the engine, shared with the admin)."""
 
-    leaseSeconds = serializers.FloatField(required=False)  # noqa: N815
-    queueSeconds = serializers.FloatField(required=False)  # noqa: N815
-    retainSeconds = serializers.FloatField(required=False)  # noqa: N815
-    retainFrom = serializers.ChoiceField(choices=["finished", "fetched"], required=False)  # noqa: N815
-    maxAttempts = serializers.IntegerField(required=False, allow_null=True)  # noqa: N815
-    backoffSeconds = serializers.FloatField(required=False)  # noqa: N815
-    backoffMaxSeconds = serializers.FloatField(required=False)  # noqa: N815
-    deadLetterQueue = serializers.CharField(required=False, allow_null=True)  # noqa: N815
+    leaseSeconds = serializers.FloatField(required=False)
+    queueSeconds = serializers.FloatField(required=False)
+    retainSeconds = serializers.FloatField(required=False)
+    retainFrom = serializers.ChoiceField(choices=["finished", "fetched"], required=False)
+    maxAttempts = serializers.IntegerField(required=False, allow_null=True)
+    backoffSeconds = serializers.FloatField(required=False)
+    backoffMaxSeconds = serializers.FloatField(required=False)
+    deadLetterQueue = serializers.CharField(required=False, allow_null=True)
 
 
 class QueueSerializer(QueueSettingsSerializer):
@@ -178,31 +178,31 @@ class QueueSerializer(QueueSettingsSerializer):
     counts = serializers.DictField(child=serializers.IntegerField())
 
 
-class ItemSerializer(serializers.Serializer):  # type: ignore[type-arg]
+class ItemSerializer(serializers.Serializer):
     """An item as returned (schema only; ``item_to_wire`` builds it)."""
 
     id = serializers.CharField()
     queue = serializers.CharField()
     status = serializers.ChoiceField(choices=[s.value for s in Status])
     payload = serializers.JSONField(required=False)
-    threadId = serializers.CharField(allow_null=True)  # noqa: N815
-    scheduledAt = serializers.CharField()  # noqa: N815
-    postedAt = serializers.CharField()  # noqa: N815
+    threadId = serializers.CharField(allow_null=True)
+    scheduledAt = serializers.CharField()
+    postedAt = serializers.CharField()
     attempts = serializers.IntegerField()
-    leaseExpiresAt = serializers.CharField(allow_null=True)  # noqa: N815
-    finishedAt = serializers.CharField(allow_null=True)  # noqa: N815
+    leaseExpiresAt = serializers.CharField(allow_null=True)
+    finishedAt = serializers.CharField(allow_null=True)
     result = serializers.JSONField(required=False)
     error = serializers.CharField(allow_null=True)
     key = serializers.CharField(allow_null=True)
     origin = serializers.JSONField(required=False)
-    deadLetter = serializers.CharField(required=False)  # noqa: N815
+    deadLetter = serializers.CharField(required=False)
 
 
 class ClaimedItemSerializer(ItemSerializer):
     lease = serializers.CharField()
 
 
-class ItemListSerializer(serializers.Serializer):  # type: ignore[type-arg]
+class ItemListSerializer(serializers.Serializer):
     items = ItemSerializer(many=True)
 
 
@@ -210,25 +210,25 @@ class ItemPageSerializer(ItemListSerializer):
     next = serializers.CharField(allow_null=True)
 
 
-class ClaimAnswerSerializer(serializers.Serializer):  # type: ignore[type-arg]
+class ClaimAnswerSerializer(serializers.Serializer):
     items = ClaimedItemSerializer(many=True)
 
 
-class VerdictSerializer(serializers.Serializer):  # type: ignore[type-arg]
+class VerdictSerializer(serializers.Serializer):
     accepted = serializers.BooleanField()
     status = serializers.CharField(allow_null=True)
 
 
-class ExtendAnswerSerializer(serializers.Serializer):  # type: ignore[type-arg]
+class ExtendAnswerSerializer(serializers.Serializer):
     accepted = serializers.BooleanField()
-    leaseExpiresAt = serializers.CharField(allow_null=True)  # noqa: N815
+    leaseExpiresAt = serializers.CharField(allow_null=True)
 
 
-class DeletedSerializer(serializers.Serializer):  # type: ignore[type-arg]
+class DeletedSerializer(serializers.Serializer):
     deleted = serializers.IntegerField()
 
 
-class ErrorSerializer(serializers.Serializer):  # type: ignore[type-arg]
+class ErrorSerializer(serializers.Serializer):
     error = serializers.DictField(child=serializers.CharField())
 
 
@@ -264,7 +264,7 @@ def item_to_wire(row: Item, queue_name: str, record: dict[str, Any] | None = Non
     return out
 
 
-def validated(serializer_class: type[serializers.Serializer], data: Any) -> dict[str, Any]:  # type: ignore[type-arg]
+def validated(serializer_class: type[serializers.Serializer], data: Any) -> dict[str, Any]:
     serializer = serializer_class(data=data)
     serializer.is_valid(raise_exception=True)
     return dict(serializer.validated_data)

@@ -31,7 +31,6 @@ from .serializers import (
     ExtendAnswerSerializer,
     ExtendSerializer,
     FailSerializer,
-    ItemListSerializer,
     ItemPageSerializer,
     ItemSerializer,
     PostBatchSerializer,

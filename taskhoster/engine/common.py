@@ -191,8 +191,12 @@ def announce_claimable(queue_name: str) -> None:
 
 def announce_verdict(queue_name: str, item_id: str, status: str) -> None:
     metric = "results" if status == Status.FINISHED else "failures"
-    transaction.on_commit(lambda: (events.announce("verdict", queue_name, item_id),
-                                   metrics.count(queue_name, metric)))
+
+    def after_commit() -> None:
+        events.announce("verdict", queue_name, item_id)
+        metrics.count(queue_name, metric)
+
+    transaction.on_commit(after_commit)
 
 
 def announce_removed(queue_name: str, item_id: str, reason: str) -> None:

@@ -94,15 +94,15 @@ def _repair_queue(queue: Queue, grace: float, report: RepairReport) -> None:
                 tmp.unlink()
                 report.stale_files_removed += 1
     by_id: dict[str, list[FoundFile]] = defaultdict(list)
-    for found in st.scan(queue.name):
-        by_id[found.item_id].append(found)
-    for item_id, found in by_id.items():
+    for found_file in st.scan(queue.name):
+        by_id[found_file.item_id].append(found_file)
+    for item_id, files in by_id.items():
         try:
-            if max(f.path.stat().st_mtime for f in found) >= cutoff:
+            if max(f.path.stat().st_mtime for f in files) >= cutoff:
                 continue
         except OSError:
             continue  # moved while we looked: in flight
-        _repair_item(queue, item_id, found, report)
+        _repair_item(queue, item_id, files, report)
     _drop_rows_without_files(queue, set(by_id), grace, report)
     report.threads_rebuilt += rebuild_threads(queue)
 
@@ -118,7 +118,7 @@ def _repair_item(queue: Queue, item_id: str, found: list[FoundFile], report: Rep
     if not readable:
         return
     readable.sort(key=lambda t: (int(t[1].get("rev", 0)), STATE_RANK[t[0]]))
-    state, record, winner = readable[-1]
+    state, record, _winner = readable[-1]
     for _s, _r, loser in readable[:-1]:
         with contextlib.suppress(OSError):
             os.unlink(loser.path)
@@ -206,7 +206,7 @@ def rebuild_threads(queue: Queue) -> int:
                    .values("thread_id").annotate(n=Count("id")))
         rebuilt = 0
         for entry in members:
-            thread_id = entry["thread_id"]
+            thread_id = str(entry["thread_id"])
             processing = (Item.objects.filter(queue=queue, thread_id=thread_id,
                                               status=Status.PROCESSING)
                           .order_by("id").values_list("id", flat=True).first())

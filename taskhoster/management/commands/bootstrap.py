@@ -26,7 +26,7 @@ class Command(BaseCommand):
         parser.add_argument("--file", default=None, help="where to save the credentials")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        path = Path(options["file"] or Path(settings.VAR_DIR) / "credentials.json")  # type: ignore[misc]
+        path = Path(options["file"] or Path(settings.VAR_DIR) / "credentials.json")
         user_model = get_user_model()
         if path.exists() and user_model.objects.filter(username="admin").exists():
             self.stdout.write(f"Credentials were created on first run; see {path}")
