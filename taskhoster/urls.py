@@ -6,7 +6,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.permissions import AllowAny
 
-from .api import views
+from .api import threads, views
 
 urlpatterns = [
     path("api/queues", views.QueueListView.as_view()),
@@ -14,6 +14,9 @@ urlpatterns = [
     path("api/queues/<str:queue>/items", views.QueueItemsView.as_view()),
     path("api/queues/<str:queue>/items/delete", views.BulkDeleteView.as_view()),
     path("api/queues/<str:queue>/claim", views.ClaimView.as_view()),
+    path("api/queues/<str:queue>/threads", threads.ThreadListView.as_view()),
+    # A threadId may hold '/', so it takes the rest of the path.
+    path("api/queues/<str:queue>/threads/<path:thread_id>", threads.ThreadDetailView.as_view()),
     path("api/items/<str:item_id>", views.ItemView.as_view()),
     path("api/items/<str:item_id>/restart", views.RestartView.as_view()),
     path("api/items/<str:item_id>/result", views.ResultView.as_view()),

@@ -90,7 +90,7 @@ class QueueView(APIView):
                    summary="Create or update a queue")
     def put(self, request: Request, queue: str) -> Response:
         require(request, "manage", queue=queue)
-        body = request.data if request.data is not None else {}
+        body = request.data
         if not isinstance(body, dict):
             raise InvalidInput("expected a JSON object of settings", code="invalid_body")
         q, created = engine.upsert_queue(name=queue, body=body)
@@ -201,7 +201,7 @@ class ClaimView(APIView):
     def post(self, request: Request, queue: str) -> Response:
         require(request, "work", queue=queue)
         q = _queue_or_404(queue)
-        body = validated(ClaimSerializer, request.data if request.data is not None else {})
+        body = validated(ClaimSerializer, request.data)
         deadline = time.monotonic() + float(body["wait"])
         interval = get_conf().long_poll_interval
         while True:

@@ -1,0 +1,861 @@
+"""Core throughput of Taskhoster over HTTP: posts, batch posts, claim+result round trips.
+
+A benchmark, not a test. It starts a real daphne subprocess against a fresh database and a
+fresh state root, fills the queue with N waiting items straight through the engine (fast, no
+fsync), and then measures over HTTP with keep-alive, fsync on by default::
+
+    .venv/bin/python bench/core.py --waiting 1000,100000 --seconds 5
+    .venv/bin/python bench/core.py --database-url postgres://postgres@127.0.0.1:5432/postgres
+
+See bench/README.md for what each figure means and how the waiting items are kept honest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+QUEUE = "bench"
+PREFILL_BATCH = 1000
+BATCH_SIZE = 500
+CONCURRENCY = 4
+MAX_WAITING = 1_000_000
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", None, ""}
+MEASUREMENTS = {
+    # name: (description, threads, unit)
+    "post": ("post single item, 1 client", 1, "items"),
+    "post-x4": (f"post single item, {CONCURRENCY} clients", CONCURRENCY, "items"),
+    "batch500": (f"post batches of {BATCH_SIZE}, 1 client", 1, "items"),
+    "claim": ("claim(max=1)+result, 1 worker", 1, "round trips"),
+    "claim-x4": (f"claim(max=1)+result, {CONCURRENCY} workers", CONCURRENCY, "round trips"),
+}
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def say(*parts: Any) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+# -- the environment: temp dir, database, state root ---------------------------------------
+
+
+@dataclass
+class Environment:
+    tmp: Path
+    root: Path
+    database_url: str = ""
+    label: str = "sqlite"
+    pg_admin_url: str | None = None
+    pg_name: str | None = None
+    secret: str = field(default_factory=lambda: os.urandom(24).hex())
+
+    def process_env(self, *, fsync: bool) -> dict[str, str]:
+        env = dict(os.environ)
+        for name in ("REDIS_URL", "TASKHOSTER_TEST_DB", "DJANGO_ALLOWED_HOSTS", "DJANGO_DEBUG"):
+            env.pop(name, None)
+        env.update({
+            "DATABASE_URL": self.database_url,
+            "TASKHOSTER_ROOT": str(self.root),
+            "TASKHOSTER_VAR": str(self.tmp / "var"),
+            "TASKHOSTER_FSYNC": "1" if fsync else "0",
+            "TASKHOSTER_LOG": "WARNING",
+            "DJANGO_SECRET_KEY": f"bench-{self.secret}",
+            "DJANGO_SETTINGS_MODULE": "project.settings",
+            "PYTHONPATH": os.pathsep.join(
+                [str(REPO), *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])]
+            ),
+        })
+        return env
+
+
+def make_environment(args: argparse.Namespace) -> Environment:
+    tmp = Path(tempfile.mkdtemp(prefix="taskhoster-bench-", dir=args.tmpdir))
+    env = Environment(tmp=tmp, root=tmp / "state")
+    env.root.mkdir()
+    if not args.database_url:
+        env.database_url = f"sqlite:///{tmp / 'bench.sqlite3'}"
+        return env
+    parts = urlsplit(args.database_url)
+    if parts.scheme not in ("postgres", "postgresql", "pgsql"):
+        raise BenchError("--database-url must be a postgres:// URL (SQLite is the default)")
+    if parts.hostname not in LOCAL_HOSTS:
+        raise BenchError("this benchmark only talks to 127.0.0.1: use a local PostgreSQL")
+    env.label = "postgresql"
+    env.pg_admin_url = args.database_url
+    name = f"bench_core_{os.getpid()}"
+    _pg_execute(args.database_url, "CREATE DATABASE {}", name)
+    env.pg_name = name
+    env.database_url = urlunsplit(parts._replace(path=f"/{name}"))
+    return env
+
+
+def _pg_execute(admin_url: str, statement: str, name: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(sql.SQL(statement).format(sql.Identifier(name)))
+
+
+def destroy_environment(env: Environment, *, keep: bool) -> None:
+    with contextlib.suppress(Exception):
+        from django.db import connections
+
+        connections.close_all()
+    if env.pg_name and env.pg_admin_url:
+        try:
+            _pg_execute(env.pg_admin_url, "DROP DATABASE IF EXISTS {} WITH (FORCE)", env.pg_name)
+        except Exception as exc:
+            say(f"could not drop database {env.pg_name}: {exc}")
+    if keep:
+        say(f"kept {env.tmp}")
+    else:
+        shutil.rmtree(env.tmp, ignore_errors=True)
+
+
+def migrate(env: Environment) -> None:
+    done = subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=REPO,
+        env=env.process_env(fsync=False), capture_output=True, text=True, timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise BenchError(f"migrate failed:\n{done.stdout}\n{done.stderr}")
+
+
+def setup_django(env: Environment) -> None:
+    """Configure Django in this process against the bench database, with fsync off."""
+    os.environ.update(env.process_env(fsync=False))
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    import django
+
+    django.setup()
+
+
+# -- the server ----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Daphne:
+    def __init__(self, env: Environment, *, fsync: bool) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = env.process_env(fsync=fsync)
+        self.log = env.tmp / "daphne.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Daphne:
+        with open(self.log, "ab") as log:
+            # A session of its own: Ctrl-C reaches only us, and we stop daphne ourselves.
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+                 "project.asgi:application"],
+                cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 60
+        with httpx.Client(trust_env=False, timeout=2) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise BenchError(f"daphne exited: {self.log.read_text()[-2000:]}")
+                try:
+                    if client.get(f"{self.url}/healthz").status_code == 200:
+                        return self
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+        raise BenchError("daphne did not answer /healthz within 60 s")
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+# -- the queue: prefill, counting, restoring between measurements --------------------------
+
+
+def payload(n: int, size: int) -> dict[str, Any]:
+    return {"job": "bench", "n": n, "data": "x" * size}
+
+
+def pending_count() -> int:
+    from taskhoster.models import Item
+
+    return Item.objects.filter(queue__name=QUEUE, status="pending").count()
+
+
+def fill_to(target: int, payload_bytes: int) -> tuple[int, float]:
+    """Post through the engine (in this process, fsync off) until ``target`` items wait."""
+    from taskhoster import engine
+
+    started = time.perf_counter()
+    have = pending_count()
+    added = 0
+    while have < target:
+        k = min(PREFILL_BATCH, target - have)
+        engine.post_items(queue_name=QUEUE, items=[
+            engine.NewItem(payload=payload(have + i, payload_bytes)) for i in range(k)])
+        have += k
+        added += k
+    return added, time.perf_counter() - started
+
+
+def drop_items(ids: list[str]) -> None:
+    """Remove unthreaded items outright (rows and files); only while nothing else uses them."""
+    from taskhoster.engine.common import store
+    from taskhoster.models import Item
+
+    st = store()
+    for start in range(0, len(ids), 500):
+        chunk = ids[start:start + 500]
+        Item.objects.filter(id__in=chunk).delete()
+        for item_id in chunk:
+            st.unlink(QUEUE, item_id)
+
+
+def drop_posted_since(marker: str) -> int:
+    from taskhoster.models import Item
+
+    ids = list(Item.objects.filter(queue__name=QUEUE, id__gt=marker).values_list("id", flat=True))
+    drop_items(ids)
+    return len(ids)
+
+
+def drop_claimed() -> int:
+    from taskhoster.models import Item
+
+    ids = list(Item.objects.filter(queue__name=QUEUE).exclude(status="pending")
+               .values_list("id", flat=True))
+    drop_items(ids)
+    return len(ids)
+
+
+def analyze_database() -> None:
+    """PostgreSQL's autovacuum would have analysed a table this size; do it now."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")
+
+
+def claim_plan() -> str:
+    """How the database runs the claim query (the one in engine.claiming), on one line."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from taskhoster.models import Item
+
+    with transaction.atomic():
+        qs = (Item.objects.select_for_update(skip_locked=True)
+              .filter(queue__name=QUEUE, eligible=True, scheduled_at__lte=timezone.now())
+              .order_by("scheduled_at", "seq")[:1])
+        plan = qs.explain()
+    return " | ".join(line.strip() for line in plan.splitlines() if line.strip())
+
+
+def fsync_probe(directory: Path, rounds: int = 30) -> float:
+    """Median milliseconds of write+fsync of a small file plus fsync of its directory."""
+    times = []
+    for n in range(rounds):
+        path = directory / f".probe-{n}"
+        started = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"x" * 300)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        times.append(time.perf_counter() - started)
+        path.unlink()
+    times.sort()
+    return times[len(times) // 2] * 1000
+
+
+# -- measuring -----------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    database: str
+    waiting: int
+    waiting_end: int
+    what: str
+    name: str
+    unit: str
+    count: int
+    seconds: float
+    per_second: float
+    requests: int
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    note: str = ""
+
+
+def make_client(url: str, key: str) -> httpx.Client:
+    return httpx.Client(base_url=url, trust_env=False, timeout=60,
+                        headers={"Authorization": f"Token {key}"})
+
+
+def expect(response: httpx.Response, status: int) -> httpx.Response:
+    if response.status_code != status:
+        raise BenchError(f"{response.request.method} {response.request.url.path}: "
+                         f"{response.status_code} {response.text[:300]}")
+    return response
+
+
+Op = Callable[[httpx.Client], int]  # returns units done; 0 = nothing left to do
+
+
+def make_op(name: str, payload_bytes: int) -> tuple[Op, int, int]:
+    """The operation of a measurement, its units per call and its requests per call."""
+    counter = itertools.count()
+    items_url = f"/api/queues/{QUEUE}/items"
+    if name in ("post", "post-x4"):
+        def post_one(client: httpx.Client) -> int:
+            body = json.dumps({"payload": payload(next(counter), payload_bytes)})
+            expect(client.post(items_url, content=body, headers=JSON_HEADERS), 201)
+            return 1
+        return post_one, 1, 1
+    if name == "batch500":
+        def post_batch(client: httpx.Client) -> int:
+            body = json.dumps({"items": [{"payload": payload(next(counter), payload_bytes)}
+                                         for _ in range(BATCH_SIZE)]})
+            expect(client.post(items_url, content=body, headers=JSON_HEADERS), 201)
+            return BATCH_SIZE
+        return post_batch, BATCH_SIZE, 1
+    claim_url = f"/api/queues/{QUEUE}/claim"
+    result_body = json.dumps({"result": {"ok": True}})
+
+    def claim_and_result(client: httpx.Client) -> int:
+        answer = expect(client.post(claim_url, content=b'{"max":1}', headers=JSON_HEADERS), 200)
+        items = answer.json()["items"]
+        if not items:
+            return 0
+        verdict = expect(client.post(f"/api/items/{items[0]['id']}/result",
+                                     content=result_body, headers=JSON_HEADERS), 200).json()
+        if verdict.get("accepted") is not True:
+            raise BenchError(f"result not accepted: {verdict}")
+        return 1
+    return claim_and_result, 1, 2
+
+
+@dataclass
+class Outcome:
+    count: int
+    seconds: float
+    latencies: list[float]
+    errors: int
+    note: str
+
+
+def run_load(url: str, key: str, op: Op, *, threads: int, seconds: float, cap: int,
+             unit: int, warmup: int) -> Outcome:
+    """Run ``op`` in ``threads`` threads (one keep-alive connection each) for ``seconds``,
+    or until ``cap`` units are done, or until the op finds nothing left to do."""
+    lock = threading.Lock()
+    stop = threading.Event()
+    barrier = threading.Barrier(threads + 1, timeout=120)
+    state = {"issued": 0, "done": 0, "errors": 0}
+    latencies: list[float] = []
+    spans: list[tuple[float, float]] = []
+    notes: list[str] = []
+
+    def take() -> bool:
+        with lock:
+            if state["issued"] + unit > cap:
+                return False
+            state["issued"] += unit
+            return True
+
+    def worker() -> None:
+        mine: list[float] = []
+        try:
+            with make_client(url, key) as client:
+                for _ in range(warmup):  # opens the connection and warms the server's caches
+                    op(client)
+                barrier.wait()
+                started = time.perf_counter()
+                deadline = started + seconds
+                while not stop.is_set() and time.perf_counter() < deadline and take():
+                    t0 = time.perf_counter()
+                    try:
+                        done = op(client)
+                    except (BenchError, httpx.HTTPError) as exc:
+                        with lock:
+                            state["errors"] += 1
+                            if len(notes) < 3:
+                                notes.append(str(exc)[:200])
+                            if state["errors"] >= 10:
+                                stop.set()
+                        continue
+                    mine.append(time.perf_counter() - t0)
+                    if done == 0:
+                        with lock:
+                            notes.append("queue ran dry")
+                        stop.set()
+                        break
+                    with lock:
+                        state["done"] += done
+                spans.append((started, time.perf_counter()))
+        except threading.BrokenBarrierError:
+            return
+        except Exception as exc:
+            with lock:
+                notes.append(f"worker failed: {exc}"[:200])
+            stop.set()
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.abort()
+        finally:
+            with lock:
+                latencies.extend(mine)
+
+    workers = [threading.Thread(target=worker, daemon=True) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    try:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait()
+        limit = time.monotonic() + seconds + 120
+        for w in workers:
+            while w.is_alive() and time.monotonic() < limit:
+                w.join(0.2)
+    except BaseException:
+        stop.set()
+        with contextlib.suppress(Exception):
+            barrier.abort()
+        raise
+    stop.set()
+    if not spans:
+        raise BenchError("; ".join(notes) or "no worker ran")
+    elapsed = max(end for _, end in spans) - min(start for start, _ in spans)
+    return Outcome(count=state["done"], seconds=elapsed, latencies=sorted(latencies),
+                   errors=state["errors"], note="; ".join(dict.fromkeys(notes)))
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, int(q * len(values)))] * 1000
+
+
+# -- profiling (py-spy, attached to daphne for one measurement at a time) -------------------
+
+
+class Profiler:
+    def __init__(self, pid: int, out: Path, seconds: float, rate: int) -> None:
+        exe = shutil.which("py-spy", path=os.pathsep.join(
+            [str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+        if exe is None:
+            raise BenchError("--profile needs py-spy: .venv/bin/pip install py-spy")
+        self.out = out
+        self.rate = rate
+        self.proc = subprocess.Popen(
+            [exe, "record", "--pid", str(pid), "--rate", str(rate), "--threads", "--idle",
+             "--format", "raw", "--duration", str(max(1, round(seconds))), "--output", str(out),
+             "--nonblocking"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        )
+        time.sleep(0.5)  # let it attach before the clock starts
+
+    def finish(self) -> None:
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
+PROBES = [
+    # label, function-name regex, file regex (matched against frames, inclusive time)
+    ("fsync of item files and dirs", r"^(_fsync_dir|_sync_filesystem)$|^fsync$", r""),
+    ("store.write (files, incl. fsync)", r"^write$", r"taskhoster/store\.py"),
+    ("store.move (rename)", r"^move$", r"taskhoster/store\.py"),
+    ("store.read", r"^read$", r"taskhoster/store\.py"),
+    ("engine.post_items", r"^post_items$", r"engine/posting\.py"),
+    ("engine.claim", r"^claim$", r"engine/claiming\.py"),
+    ("engine.submit_result", r"^submit_result$", r"engine/verdicts\.py"),
+    ("transaction commit", r"^(__exit__|commit|_commit)$", r"django/db/transaction\.py"),
+    ("DB: open connection", r"^(connect|ensure_connection|get_new_connection)$",
+     r"django/db/backends/base/base\.py"),
+    ("DB: close connection (request end)", r"^(close_old_connections|close)$",
+     r"django/db/(__init__|backends/base/base)\.py"),
+    ("DB: all query execution", r"^(execute|executemany|_execute.*)$",
+     r"django/db/backends/utils\.py"),
+    ("auth: key lookup", r"^authenticate$", r"taskhoster/keys\.py"),
+    ("view: _item_queue_name lookup", r"^_item_queue_name$", r"taskhoster/api/views\.py"),
+    ("metrics flush", r"^maybe_flush$", r"taskhoster/metrics\.py"),
+    ("request body parse + validation", r"^(validated|_parse|parse)$",
+     r"taskhoster/api/(serializers|parsers)\.py|rest_framework/request\.py"),
+    ("response render (item_to_wire + JSON)", r"^(item_to_wire|render|rendered_content)$",
+     r"taskhoster/api/serializers\.py|rest_framework/renderers\.py|django/template/response\.py"),
+    ("Django middleware outside the view", r"^(__call__|process_request|process_response)$",
+     r"django/(contrib/(sessions|messages|auth)|middleware)/"),
+]
+
+
+def _parse_frame(text: str) -> tuple[str, str, int]:
+    match = FRAME.match(text.strip())
+    if not match:
+        return text.strip(), "", 0
+    return match["func"], match["file"], int(match["line"] or 0)
+
+
+def summarize_profile(path: Path, rate: int, seconds: float, ops: int, what: str) -> dict[str, Any]:
+    """Where daphne's time went during one measurement, per operation."""
+    samples: list[tuple[str, list[tuple[str, str, int]], int]] = []
+    if not path.exists():
+        return {"error": "py-spy wrote no profile"}
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        samples.append((frames[0], [_parse_frame(f) for f in frames[1:]], int(count)))
+    per_thread: dict[str, int] = defaultdict(int)
+    in_view: dict[str, int] = defaultdict(int)
+    for thread, frames, count in samples:
+        per_thread[thread] += count
+        if any("rest_framework/views.py" in f or "django/core/handlers" in f for _, f, _ in frames):
+            in_view[thread] += count
+    if not in_view:
+        return {"error": "no samples inside Django"}
+    # The thread that runs the sync views (asgiref's single thread-sensitive executor).
+    worker = max(in_view, key=lambda t: in_view[t])
+    total = per_thread[worker]
+    ms_per_sample = 1000 / rate
+    busy = 0
+    probes: Counter[str] = Counter()
+    functions: Counter[str] = Counter()
+    leaves: Counter[str] = Counter()
+    compiled = [(label, re.compile(fn), re.compile(fl)) for label, fn, fl in PROBES]
+    for thread, frames, count in samples:
+        if thread != worker:
+            continue
+        if not any("django/core/handlers" in f or "rest_framework/views.py" in f
+                   for _, f, _ in frames):
+            continue  # idle, waiting for the next request
+        busy += count
+        for label, fn_re, file_re in compiled:
+            if any(fn_re.search(fn) and file_re.search(f) for fn, f, _ in frames):
+                probes[label] += count
+        seen = set()
+        for fn, f, _ in frames:
+            key = f"{fn} ({_short(f)})"
+            if key not in seen:
+                seen.add(key)
+                functions[key] += count
+        fn, f, ln = frames[-1]
+        leaves[f"{fn} ({_short(f)}:{ln})"] += count
+    ops = max(ops, 1)
+    other_busy = sum(c for t, c in per_thread.items() if t != worker)
+    report = {
+        "what": what,
+        "samples_worker_thread": total,
+        "worker_busy_ms_per_op": busy * ms_per_sample / ops,
+        "worker_busy_fraction": busy / total if total else 0.0,
+        "other_threads_samples_per_op": other_busy / ops,
+        "probes_ms_per_op": {k: v * ms_per_sample / ops for k, v in probes.most_common()},
+        "top_functions_ms_per_op": {k: v * ms_per_sample / ops
+                                    for k, v in functions.most_common(60)
+                                    if v < 0.97 * busy}, "top_leaves_ms_per_op": {
+            k: v * ms_per_sample / ops for k, v in leaves.most_common(15)},
+    }
+    report["top_functions_ms_per_op"] = dict(list(report["top_functions_ms_per_op"].items())[:25])
+    return report
+
+
+def _short(path: str) -> str:
+    for marker in ("site-packages/", "lib/python3"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    with contextlib.suppress(ValueError):
+        return str(Path(path).relative_to(REPO))
+    return path
+
+
+def print_profile(report: dict[str, Any]) -> None:
+    say(f"\n== profile: {report.get('what')}")
+    if "error" in report:
+        say(f"   {report['error']}")
+        return
+    say(f"   Django worker thread busy {report['worker_busy_ms_per_op']:.2f} ms per op "
+        f"({report['worker_busy_fraction']:.0%} of the measurement)")
+    say("   inclusive, ms per op:")
+    for k, v in report["probes_ms_per_op"].items():
+        say(f"     {v:7.3f}  {k}")
+    say("   top functions (inclusive, ms per op):")
+    for k, v in list(report["top_functions_ms_per_op"].items())[:20]:
+        say(f"     {v:7.3f}  {k}")
+    say("   top leaf lines (self, ms per op):")
+    for k, v in report["top_leaves_ms_per_op"].items():
+        say(f"     {v:7.3f}  {k}")
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+def filesystem_of(path: Path) -> str:
+    best, kind = "", "?"
+    with contextlib.suppress(OSError), open("/proc/mounts") as mounts:
+        for line in mounts:
+            parts = line.split()
+            if len(parts) > 2 and str(path).startswith(parts[1]) and len(parts[1]) > len(best):
+                best, kind = parts[1], parts[2]
+    return kind
+
+
+def measure_all(args: argparse.Namespace, env: Environment, key: str, server: Daphne,
+                rows: list[Row], profiles: list[dict[str, Any]]) -> None:
+    from django.db import connections
+
+    for waiting in args.waiting:
+        added, took = fill_to(waiting, args.payload_bytes)
+        analyze_database()
+        say(f"[{env.label}] {waiting:,} waiting (prefilled {added:,} in {took:.1f} s)")
+        if args.explain:
+            say(f"   claim plan: {claim_plan()}")
+        for name in args.only:
+            what, threads, unit_name = MEASUREMENTS[name]
+            op, unit, requests_per_op = make_op(name, args.payload_bytes)
+            cap = args.max_items
+            if name.startswith("claim"):
+                # Claims consume the waiting items: stop at half so "N waiting" stays >= N/2.
+                cap = min(cap, max(1, waiting // 2))
+            start_waiting = pending_count()
+            marker = f"{time.time_ns() // 1000:014x}"
+            connections.close_all()
+            profiler = None
+            if args.profile:
+                out = args.profile / f"{env.label}-{waiting}-{name}.txt"
+                profiler = Profiler(server.proc.pid if server.proc else 0, out, args.seconds,
+                                    args.profile_rate)
+            try:
+                outcome = run_load(server.url, key, op, threads=threads, seconds=args.seconds,
+                                   cap=cap, unit=unit, warmup=args.warmup)
+            finally:
+                if profiler:
+                    profiler.finish()
+            end_waiting = pending_count()
+            ops = outcome.count // unit
+            row = Row(
+                database=env.label, waiting=start_waiting, waiting_end=end_waiting, what=what,
+                name=name, unit=unit_name, count=outcome.count,
+                seconds=round(outcome.seconds, 3),
+                per_second=round(outcome.count / outcome.seconds, 1) if outcome.seconds else 0.0,
+                requests=ops * requests_per_op,
+                p50_ms=round(percentile(outcome.latencies, 0.50), 2),
+                p99_ms=round(percentile(outcome.latencies, 0.99), 2),
+                errors=outcome.errors, note=outcome.note,
+            )
+            rows.append(row)
+            say("   " + format_row(row))
+            if profiler:
+                report = summarize_profile(profiler.out, args.profile_rate, outcome.seconds,
+                                           ops, f"{env.label}, {waiting:,} waiting, {what}")
+                profiles.append(report)
+                print_profile(report)
+            # Put the queue back to N waiting for the next measurement.
+            if name.startswith("claim"):
+                drop_claimed()
+                fill_to(waiting, args.payload_bytes)
+            else:
+                drop_posted_since(marker)
+            connections.close_all()
+
+
+HEADER = (f"{'database':<10} {'waiting':>9} {'what':<36} {'count':>7} {'seconds':>7} "
+          f"{'per second':>10} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}")
+
+
+def format_row(r: Row) -> str:
+    waiting = f"{r.waiting:,}"
+    what = f"{r.what} ({'items' if r.unit == 'items' else 'trips'})"
+    text = (f"{r.database:<10} {waiting:>9} {what:<36} {r.count:>7} {r.seconds:>7.2f} "
+            f"{r.per_second:>10.1f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} {r.errors:>6}")
+    return text + (f"  [{r.note}]" if r.note else "")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--waiting", default="1000,100000",
+                        help="comma-separated counts of items waiting in the queue")
+    parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
+    parser.add_argument("--fsync", action=argparse.BooleanOptionalAction, default=True,
+                        help="fsync in the server (default on, as in production)")
+    parser.add_argument("--database-url",
+                        help="a local PostgreSQL URL to create (and drop) a bench database "
+                        "from, e.g. postgres://postgres@127.0.0.1:5432/postgres; "
+                        "default: a fresh SQLite file")
+    parser.add_argument("--only", default=",".join(MEASUREMENTS),
+                        help=f"measurements to run, of: {', '.join(MEASUREMENTS)}")
+    parser.add_argument("--max-items", type=int, default=50_000,
+                        help="cap on items (or round trips) per measurement")
+    parser.add_argument("--payload-bytes", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed ops per client first")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--profile", type=Path,
+                        help="attach py-spy to daphne during each measurement; write raw "
+                        "profiles to this directory and print where the time goes (figures "
+                        "of a profiled run are slowed by the sampler)")
+    parser.add_argument("--profile-rate", type=int, default=250, help="py-spy samples/s")
+    parser.add_argument("--explain", action=argparse.BooleanOptionalAction, default=True,
+                        help="print the claim query's plan at each waiting count")
+    parser.add_argument("--tmpdir", help="where to create the run's temp dir")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, state)")
+    args = parser.parse_args(argv)
+    try:
+        args.waiting = sorted({int(x.replace("_", "")) for x in args.waiting.split(",") if x})
+    except ValueError:
+        parser.error("--waiting takes integers, e.g. 1000,100000")
+    if not args.waiting or any(not 0 < n <= MAX_WAITING for n in args.waiting):
+        parser.error(f"--waiting counts must be 1..{MAX_WAITING:,}")
+    args.only = [x.strip() for x in args.only.split(",") if x.strip()]
+    unknown = [x for x in args.only if x not in MEASUREMENTS]
+    if unknown or not args.only:
+        parser.error(f"--only takes some of {', '.join(MEASUREMENTS)}")
+    if not 0 < args.seconds <= 600:
+        parser.error("--seconds must be in (0, 600]")
+    if not 0 < args.max_items <= 1_000_000:
+        parser.error("--max-items must be 1..1,000,000")
+    if not 0 <= args.payload_bytes <= 100_000:
+        parser.error("--payload-bytes must be 0..100000")
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def running(args: argparse.Namespace) -> Iterator[tuple[Environment, Daphne]]:
+    env: Environment | None = None
+    server: Daphne | None = None
+    try:
+        env = make_environment(args)
+        migrate(env)
+        setup_django(env)
+        server = Daphne(env, fsync=args.fsync)
+        yield env, server
+    finally:
+        if server is not None:
+            server.stop()
+        if env is not None:
+            destroy_environment(env, keep=args.keep)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    rows: list[Row] = []
+    profiles: list[dict[str, Any]] = []
+    meta: dict[str, Any] = {}
+    try:
+        with running(args) as (env, server):
+            from taskhoster import engine
+            from taskhoster.keys import create_key
+
+            engine.upsert_queue(name=QUEUE, body={})
+            key = create_key(name="bench", scopes=["produce", "work", "manage"])[1]
+            meta = {
+                "database": env.label, "fsync": args.fsync, "seconds": args.seconds,
+                "payload_bytes": args.payload_bytes, "python": platform.python_version(),
+                "cpus": os.cpu_count(), "filesystem": filesystem_of(env.root),
+                "fsync_probe_ms": round(fsync_probe(env.root), 3),
+                "load_before": load_average(),
+                "profiled": bool(args.profile),
+            }
+            say(f"[{env.label}] state root {env.root} ({meta['filesystem']}); "
+                f"write+fsync+dir fsync ~ {meta['fsync_probe_ms']:.2f} ms; "
+                f"load average {meta['load_before']}; {meta['cpus']} CPUs")
+            server.start()
+            say(f"[{env.label}] daphne on {server.url} (fsync {'on' if args.fsync else 'off'})")
+            say("   " + HEADER)
+            measure_all(args, env, key, server, rows, profiles)
+            meta["load_after"] = load_average()
+    except KeyboardInterrupt:
+        say("interrupted; cleaned up")
+        return 130
+    except BenchError as exc:
+        say(f"error: {exc}")
+        return 1
+    print(f"\nTaskhoster core benchmark: {meta.get('database')}, fsync "
+          f"{'on' if args.fsync else 'off'}, {args.seconds:g} s per measurement, "
+          f"load average {meta.get('load_before')} -> {meta.get('load_after')}"
+          + (" (PROFILED: slowed by py-spy)" if args.profile else ""))
+    print(HEADER)
+    for row in rows:
+        print(format_row(row))
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in rows],
+                                         "profiles": profiles}, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

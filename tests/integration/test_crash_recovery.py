@@ -1,0 +1,332 @@
+"""Crash recovery (SPEC I1, I2, I5, I7) against a real daphne server and real files.
+
+Each test arms a crash point (``TASKHOSTER_CRASH_AT``) so that the process SIGKILLs itself between
+the two writes of one transition (the item's file and its index row), sends the request that
+reaches it, recovers with ``manage.py sweep --repair --grace 0`` (or a plain sweep), restarts a
+normal server and proves: nothing acknowledged is lost, nothing is finished twice, the index
+matches the state directories, nothing stays processing past its lease plus one sweep, and the
+item can then be claimed and finished normally.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from taskhoster import engine
+from taskhoster.models import Item
+from taskhoster.status import Status
+from taskhoster.timeutil import now as utcnow
+
+from .consistency import (
+    assert_index_matches_directories,
+    assert_threads_consistent,
+    files_on_disk,
+    read_file,
+)
+
+pytestmark = pytest.mark.slow
+
+REPAIR = ("sweep", "--repair", "--grace", "0")
+
+
+@pytest.fixture
+def connect(make_key: Callable[..., str]) -> Iterator[Callable[[Any], httpx.Client]]:
+    headers = {"Authorization": f"Token {make_key()}"}
+    clients: list[httpx.Client] = []
+
+    def open_client(server: Any) -> httpx.Client:
+        client = httpx.Client(base_url=server.url, headers=headers, timeout=15)
+        clients.append(client)
+        return client
+
+    yield open_client
+    for client in clients:
+        client.close()
+
+
+def seed(queue: str, *specs: dict[str, Any], **settings: Any) -> list[str]:
+    """Create the queue (in this process, on the shared database and state root) and post."""
+    engine.upsert_queue(name=queue, body=settings)
+    posted = engine.post_items(queue_name=queue, items=[
+        engine.NewItem(payload=s.get("payload"), thread_id=s.get("threadId"), key=s.get("key"))
+        for s in specs
+    ])
+    return [p.row.id for p in posted]
+
+
+def crash_during(server: Any, send: Callable[[], Any]) -> None:
+    """Send a request to an armed server: the connection drops and the server died of SIGKILL."""
+    with pytest.raises(httpx.TransportError):
+        send()
+    assert server.proc.wait(10) == -signal.SIGKILL, "the server did not die at its crash point"
+
+
+def status_of(*ids: str) -> dict[str, str]:
+    return dict(Item.objects.filter(id__in=ids).values_list("id", "status"))
+
+
+def finish_everything(http: httpx.Client, queue: str) -> dict[str, Any]:
+    """Claim and finish every claimable item; each result is accepted once and only once."""
+    finished: dict[str, Any] = {}
+    for _round in range(20):
+        claimed = http.post(f"/api/queues/{queue}/claim", json={"max": 100}).json()["items"]
+        if not claimed:
+            return finished
+        for item in claimed:
+            answer = http.post(f"/api/items/{item['id']}/result",
+                               json={"result": {"done": item["payload"]}}).json()
+            assert answer == {"accepted": True, "status": "finished"}, item
+            again = http.post(f"/api/items/{item['id']}/result", json={"result": "twice"}).json()
+            assert again == {"accepted": False, "status": "finished"}, item
+            finished[item["id"]] = item["payload"]
+    raise AssertionError("items kept coming back")
+
+
+def assert_all_finished_once(http: httpx.Client, ids: list[str]) -> None:
+    for item_id in ids:
+        item = http.get(f"/api/items/{item_id}").json()
+        assert item["status"] == "finished", item
+        assert item["result"] == {"done": item["payload"]}, item
+
+
+# -- post ---------------------------------------------------------------------------------
+
+
+def test_post_killed_after_files_loses_nothing_and_repair_indexes_the_durable_file(
+        server_factory, manage, connect, state_root: Path):
+    before = seed("q", {"payload": "a", "threadId": "t"}, {"payload": "b", "threadId": "t"},
+                  {"payload": "c"})
+    server = server_factory(TASKHOSTER_CRASH_AT="post.after_files")
+    crash_during(server, lambda: connect(server).post(
+        "/api/queues/q/items", json={"payload": "crashed", "key": "k1", "threadId": "t"}))
+
+    orphans = [i for i in files_on_disk(state_root) if i not in before]
+    assert len(orphans) == 1, "the crash should leave exactly one file without a row"
+    assert not Item.objects.filter(id=orphans[0]).exists()
+
+    out = manage(*REPAIR).stdout
+    assert "1 row(s) added" in out, out
+    assert_index_matches_directories(state_root)
+    assert_threads_consistent()
+    assert status_of(*before) == dict.fromkeys(before, "pending")
+
+    http = connect(server_factory())
+    retried = http.post("/api/queues/q/items", json={"payload": "crashed", "key": "k1",
+                                                     "threadId": "t"})
+    assert retried.status_code == 200, "a retry with the key must find the recovered item"
+    assert retried.json()["id"] == orphans[0]
+    finished = finish_everything(http, "q")
+    assert sorted(finished) == sorted([*before, orphans[0]])
+    assert_all_finished_once(http, [*before, orphans[0]])
+    assert_index_matches_directories(state_root)
+
+
+def test_batch_post_killed_after_files_is_recovered_all_or_nothing(
+        server_factory, manage, connect, state_root: Path):
+    before = seed("q", {"payload": "old", "threadId": "t"})
+    batch = [{"payload": n, "threadId": f"t{n % 3}" if n % 2 else None} for n in range(12)]
+    server = server_factory(TASKHOSTER_CRASH_AT="post.after_files")
+    crash_during(server, lambda: connect(server).post("/api/queues/q/items",
+                                                      json={"items": batch}))
+    manage(*REPAIR)
+    assert_index_matches_directories(state_root)
+    assert_threads_consistent()
+    recovered = Item.objects.exclude(id__in=before)
+    assert recovered.count() in (0, len(batch)), "a batch is all or none, also across a crash"
+    assert status_of(*before) == dict.fromkeys(before, "pending")
+
+    http = connect(server_factory())
+    finished = finish_everything(http, "q")
+    assert set(before) <= set(finished)
+    assert sorted(str(p) for p in finished.values()) == sorted(
+        ["old"] + ([str(n) for n in range(12)] if recovered.count() else []))
+    assert_index_matches_directories(state_root)
+
+
+def test_post_killed_after_index_keeps_the_item_and_its_key(
+        server_factory, manage, connect, state_root: Path):
+    before = seed("q", {"payload": "a"}, {"payload": "b", "key": "kb"})
+    server = server_factory(TASKHOSTER_CRASH_AT="post.after_index")
+    crash_during(server, lambda: connect(server).post(
+        "/api/queues/q/items", json={"payload": "crashed", "key": "k1"}))
+    crashed = Item.objects.get(key="k1")
+    assert crashed.status == Status.PENDING
+
+    out = manage(*REPAIR).stdout
+    assert "0 row(s) added, 0 corrected, 0 removed" in out, out
+    assert_index_matches_directories(state_root)
+
+    http = connect(server_factory())
+    retried = http.post("/api/queues/q/items", json={"payload": "crashed", "key": "k1"})
+    assert (retried.status_code, retried.json()["id"]) == (200, crashed.id)
+    assert Item.objects.count() == 3
+    finished = finish_everything(http, "q")
+    assert sorted(finished) == sorted([*before, crashed.id])
+    assert_index_matches_directories(state_root)
+
+
+# -- claim --------------------------------------------------------------------------------
+
+
+def test_claim_killed_after_rename_is_pending_again_after_repair_and_one_sweep(
+        server_factory, manage, connect, state_root: Path):
+    # A long lease: an uncommitted claim must not have to wait it out.
+    t1, t2, a = seed("q", {"payload": 1, "threadId": "t"}, {"payload": 2, "threadId": "t"},
+                     {"payload": 3}, leaseSeconds=600)
+    server = server_factory(TASKHOSTER_CRASH_AT="claim.after_rename")
+    crash_during(server, lambda: connect(server).post("/api/queues/q/claim", json={"max": 1}))
+    assert files_on_disk(state_root)[t1] == [("q", "processing")]
+    assert status_of(t1)[t1] == "pending", "the claim's transaction should have rolled back"
+
+    manage(*REPAIR)
+    assert status_of(t1, t2, a) == {t1: "pending", t2: "pending", a: "pending"}
+    assert Item.objects.get(id=t1).attempts <= 1
+    assert_index_matches_directories(state_root)
+    assert_threads_consistent()
+
+    http = connect(server_factory())
+    claimed = http.post("/api/queues/q/claim", json={"max": 10}).json()["items"]
+    assert sorted(c["id"] for c in claimed) == sorted([t1, a]), "t2 waits behind its thread head"
+    for item in claimed:
+        assert http.post(f"/api/items/{item['id']}/result", json={"result": 1}).json() == {
+            "accepted": True, "status": "finished"}
+        assert http.post(f"/api/items/{item['id']}/result", json={"result": 2}).json() == {
+            "accepted": False, "status": "finished"}
+    assert sorted(finish_everything(http, "q")) == [t2]
+    assert_index_matches_directories(state_root)
+
+
+def test_claim_killed_after_rename_is_claimable_by_a_restarted_server_without_repair(
+        server_factory, connect, state_root: Path):
+    (a,) = seed("q", {"payload": "a"})
+    server = server_factory(TASKHOSTER_CRASH_AT="claim.after_rename")
+    crash_during(server, lambda: connect(server).post("/api/queues/q/claim", json={}))
+
+    http = connect(server_factory())
+    claimed = http.post("/api/queues/q/claim", json={}).json()["items"]
+    assert [(c["id"], c["attempts"]) for c in claimed] == [(a, 1)]
+    assert_index_matches_directories(state_root)
+    assert http.post(f"/api/items/{a}/result", json={"result": "ok"}).json()["accepted"] is True
+    assert http.post(f"/api/items/{a}/result", json={"result": "no"}).json()["accepted"] is False
+    assert http.get(f"/api/items/{a}").json()["result"] == "ok"
+    assert_index_matches_directories(state_root)
+
+
+def test_claim_killed_after_commit_does_not_stay_processing_past_lease_plus_one_sweep(
+        server_factory, manage, connect, state_root: Path):
+    a, b, c = seed("q", {"payload": "a"}, {"payload": "b", "threadId": "t"},
+                   {"payload": "c", "threadId": "t"}, leaseSeconds=0.5)
+    server = server_factory(TASKHOSTER_CRASH_AT="claim.after_commit")
+    crash_during(server, lambda: connect(server).post("/api/queues/q/claim", json={"max": 5}))
+    assert status_of(a, b, c) == {a: "processing", b: "processing", c: "pending"}
+
+    manage(*REPAIR)
+    assert_index_matches_directories(state_root)
+    assert_threads_consistent()
+    lapse = max(Item.objects.filter(status=Status.PROCESSING)
+                .values_list("lease_expires_at", flat=True), default=utcnow())
+    time.sleep(max(0.0, (lapse - utcnow()).total_seconds()) + 0.1)
+    manage("sweep")
+    assert status_of(a, b, c) == dict.fromkeys((a, b, c), "pending"), \
+        "a claim lost in a crash must be pending again after its lease and one sweep"
+    assert [Item.objects.get(id=i).attempts for i in (a, b, c)] == [1, 1, 0]
+    assert_index_matches_directories(state_root)
+    assert_threads_consistent()
+
+    http = connect(server_factory())
+    finished = finish_everything(http, "q")
+    assert sorted(finished) == sorted([a, b, c])
+    assert [http.get(f"/api/items/{i}").json()["attempts"] for i in (a, b, c)] == [2, 2, 1]
+    assert_index_matches_directories(state_root)
+
+
+# -- result -------------------------------------------------------------------------------
+
+
+def test_result_killed_after_done_file_keeps_the_first_result_and_accepts_no_second(
+        server_factory, manage, connect, state_root: Path):
+    x, y = seed("q", {"payload": "x", "threadId": "t"}, {"payload": "y", "threadId": "t"})
+    server = server_factory(TASKHOSTER_CRASH_AT="result.after_done_file")
+    http = connect(server)
+    (claimed,) = http.post("/api/queues/q/claim", json={"max": 5}).json()["items"]
+    assert claimed["id"] == x
+    crash_during(server, lambda: http.post(f"/api/items/{x}/result", json={"result": "first"}))
+    assert files_on_disk(state_root)[x] == [("q", "done")]
+    assert status_of(x)[x] == "processing"
+
+    manage(*REPAIR)
+    assert status_of(x, y) == {x: "finished", y: "pending"}
+    assert_index_matches_directories(state_root)
+    assert_threads_consistent()
+
+    http = connect(server_factory())
+    second = http.post(f"/api/items/{x}/result", json={"result": "second"}).json()
+    assert second == {"accepted": False, "status": "finished"}
+    item = http.get(f"/api/items/{x}").json()
+    assert (item["status"], item["result"], item["attempts"]) == ("finished", "first", 1)
+    assert sorted(finish_everything(http, "q")) == [y], "the thread advanced past x"
+    assert_index_matches_directories(state_root)
+
+
+def test_result_killed_after_commit_accepts_no_second_result(
+        server_factory, manage, connect, state_root: Path):
+    x, other = seed("q", {"payload": "x"}, {"payload": "other", "threadId": "t"})
+    server = server_factory(TASKHOSTER_CRASH_AT="result.after_commit")
+    http = connect(server)
+    claimed = http.post("/api/queues/q/claim", json={"max": 1}).json()["items"]
+    assert [c["id"] for c in claimed] == [x]
+    crash_during(server, lambda: http.post(f"/api/items/{x}/result", json={"result": "first"}))
+    assert status_of(x)[x] == "finished"
+
+    out = manage(*REPAIR).stdout
+    assert "0 row(s) added, 0 corrected, 0 removed" in out, out
+    assert_index_matches_directories(state_root)
+
+    http = connect(server_factory())
+    second = http.post(f"/api/items/{x}/result", json={"result": "second"}).json()
+    assert second == {"accepted": False, "status": "finished"}
+    assert http.get(f"/api/items/{x}").json()["result"] == "first"
+    assert sorted(finish_everything(http, "q")) == [other]
+    assert_index_matches_directories(state_root)
+
+
+# -- re-queue (the sweep's own process) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("recovery", [("sweep",), REPAIR], ids=["plain-sweep", "repair"])
+def test_requeue_killed_after_pending_file_is_completed_by_the_next_sweep(
+        server_factory, manage, connect, state_root: Path, recovery):
+    a, b, c = seed("q", {"payload": "a", "threadId": "t"}, {"payload": "b", "threadId": "t"},
+                   {"payload": "c"}, leaseSeconds=0.5)
+    http = connect(server_factory())
+    claimed = http.post("/api/queues/q/claim", json={"max": 1}).json()["items"]
+    assert [i["id"] for i in claimed] == [a]
+    time.sleep(0.7)
+
+    crashed = manage("sweep", check=False, TASKHOSTER_CRASH_AT="requeue.after_pending_file")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert files_on_disk(state_root)[a] == [("q", "pending")]
+    assert status_of(a)[a] == "processing"
+    assert read_file(state_root, "q", "pending", a)["attempts"] == 1
+
+    manage(*recovery)
+    assert status_of(a, b, c) == dict.fromkeys((a, b, c), "pending")
+    assert Item.objects.get(id=a).attempts == 1
+    assert_index_matches_directories(state_root)
+    assert_threads_consistent()
+
+    again = http.post("/api/queues/q/claim", json={"max": 10}).json()["items"]
+    assert sorted((i["id"], i["attempts"]) for i in again) == sorted([(a, 2), (c, 1)])
+    for item in again:
+        assert http.post(f"/api/items/{item['id']}/result",
+                         json={"result": {"done": item["payload"]}}).json()["accepted"] is True
+    assert sorted(finish_everything(http, "q")) == [b]
+    assert_all_finished_once(http, [a, b, c])
+    assert_index_matches_directories(state_root)
