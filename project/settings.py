@@ -137,6 +137,7 @@ TASKHOSTER = {
     "ROOT": os.environ.get("TASKHOSTER_ROOT") or str(VAR_DIR / "state"),
     "FSYNC": _env_flag("TASKHOSTER_FSYNC", True),
     "MAX_PAYLOAD_BYTES": int(os.environ.get("TASKHOSTER_MAX_PAYLOAD_BYTES", 1024 * 1024)),
+    "REDIS_URL": os.environ.get("REDIS_URL", ""),
 }
 
 # A batch of up to 1,000 items rides in one body; the per-item limit is checked separately.

@@ -24,6 +24,9 @@ DEFAULTS: dict[str, Any] = {
     "LONG_POLL_INTERVAL": 0.1,
     "PAGE_SIZE": 100,
     "MAX_PAGE_SIZE": 1000,
+    "REDIS_URL": "",
+    "SOCKET_BACKSTOP_SECONDS": 5.0,
+    "MAX_CAPACITY": 1000,
 }
 
 
@@ -40,6 +43,9 @@ class Conf:
     long_poll_interval: float
     page_size: int
     max_page_size: int
+    redis_url: str
+    socket_backstop_seconds: float
+    max_capacity: int
 
 
 def get_conf() -> Conf:
@@ -57,4 +63,7 @@ def get_conf() -> Conf:
         long_poll_interval=float(merged["LONG_POLL_INTERVAL"]),
         page_size=int(merged["PAGE_SIZE"]),
         max_page_size=int(merged["MAX_PAGE_SIZE"]),
+        redis_url=str(merged["REDIS_URL"] or ""),
+        socket_backstop_seconds=float(merged["SOCKET_BACKSTOP_SECONDS"]),
+        max_capacity=int(merged["MAX_CAPACITY"]),
     )

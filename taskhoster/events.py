@@ -1,16 +1,19 @@
 """News that the engine gives after a commit: an item became claimable, an item reached a
 verdict, an item a worker may hold was removed.
 
-Within one process a condition variable wakes long-polls at once; other processes notice on
-their next poll (``LONG_POLL_INTERVAL``). The ``/work`` socket subscribes here to carry the
-news across processes.
+``announce`` delivers the news in this process (a condition variable wakes long-polls at once;
+listeners such as the ``/work`` dispatcher are called) and publishes it to the other processes
+through ``bus``; a server process hands what it hears from the bus to ``deliver``.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 _condition = threading.Condition()
 _generation = 0
@@ -23,7 +26,24 @@ def subscribe(listener: Listener) -> None:
     _listeners.append(listener)
 
 
+def unsubscribe(listener: Listener) -> None:
+    if listener in _listeners:
+        _listeners.remove(listener)
+
+
 def announce(kind: str, queue: str, item_id: str = "") -> None:
+    """News made in this process: deliver it here and publish it to the others."""
+    deliver(kind, queue, item_id)
+    from . import bus
+
+    try:
+        bus.publish(kind, queue, item_id)
+    except Exception:
+        log.exception("could not publish news")
+
+
+def deliver(kind: str, queue: str, item_id: str = "") -> None:
+    """Wake this process's long-polls and listeners."""
     global _generation
     with _condition:
         _generation += 1

@@ -27,6 +27,7 @@ _last_flush = 0.0
 
 COUNTER_HELP = {
     "posts": "Items posted.",
+    "claim_attempts": "Claim attempts (each may hand out several items, or none).",
     "claims": "Items handed to a worker.",
     "results": "Items finished by a worker's result.",
     "failures": "Items that died or timed out.",

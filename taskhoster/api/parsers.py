@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Mapping
 from typing import IO, Any
 
@@ -21,6 +23,18 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+# A \uD800-\uDFFF escape: valid JSON syntax, but unpaired it is no Unicode text and cannot
+# be stored (UTF-8 files, database text), so such a body is checked for encodability.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 class StrictJSONParser(BaseParser):
     media_type = "application/json"
 
@@ -33,7 +47,11 @@ class StrictJSONParser(BaseParser):
         if len(data) > limit:
             raise BodyTooLarge(f"the request body is larger than {limit} bytes")
         try:
-            return json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
+            text = data.decode("utf-8")
+            value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+            if _SURROGATE_ESCAPE.search(text):
+                json.dumps(value, ensure_ascii=False).encode("utf-8")
+            return value
         except (ValueError, UnicodeDecodeError) as exc:
             raise exceptions.ParseError(f"malformed JSON: {exc}") from None
         except RecursionError:

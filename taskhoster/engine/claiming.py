@@ -44,6 +44,7 @@ class Claimed:
 def claim(*, queue_name: str, max_items: int = 1) -> list[Claimed]:
     """Move up to ``max_items`` claimable items of the queue to processing under new leases."""
     queue = get_live_queue(queue_name)
+    metrics.count(queue.name, "claim_attempts")
     st = store()
     at = utcnow()
     expires = lease_deadline(queue, at)
@@ -90,6 +91,7 @@ def claim(*, queue_name: str, max_items: int = 1) -> list[Claimed]:
                     thread.processing_item = row.id
                     thread.head_item = None
                     thread.save(update_fields=["processing_item", "head_item"])
+                row.queue = queue
                 row.status = Status.PROCESSING
                 row.eligible = False
                 row.attempts += 1

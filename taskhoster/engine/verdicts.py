@@ -186,7 +186,8 @@ def _requeue(locked: Locked, *, at: datetime, scheduled_at: datetime) -> None:
     row.lease = None
     row.lease_expires_at = None
     row.updated_at = at
-    rewrite(locked.queue.name, row, old_state, payload=record.get("payload"), durable=False)
+    # durable: the old file goes next, so the new one must survive a power cut first (I1)
+    rewrite(locked.queue.name, row, old_state, payload=record.get("payload"), durable=True)
     crash_point("requeue.after_pending_file")
     row.save()
     if locked.thread is not None:

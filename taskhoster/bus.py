@@ -1,0 +1,203 @@
+"""News between processes: "queue Q has claimable items", "item X reached a verdict",
+"item X was removed (deleted, timed out)".
+
+Every process that changes items publishes; server processes with ``/work`` sockets listen.
+
+- With ``REDIS_URL``: Redis pub/sub on one channel, so server processes on any host hear it.
+  (Plain pub/sub rather than a channel-layer group: a group membership silently expires after
+  a day, and publishing from a plain management command needs no event loop.)
+- Without it (the embedded default): a doorbell. Each listening process binds a Linux
+  abstract-namespace datagram socket and registers its name as an empty file in
+  ``<root>/.doorbell/``; a publisher sends one datagram to each registered name. The registry
+  is re-read only when the directory changes, and a name nobody answers is removed.
+
+A listener ignores its own news (it was delivered in-process already). News is a hint that
+makes a waiting party look now; losing one costs latency (a backstop re-check catches it),
+never correctness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .conf import get_conf
+
+log = logging.getLogger(__name__)
+ORIGIN = f"{os.getpid()}-{secrets.token_hex(4)}"
+REDIS_CHANNEL = "taskhoster:news"
+MAX_DATAGRAM = 4096
+
+Handler = Callable[[str, str, str], None]
+
+
+def _encode(kind: str, queue: str, item_id: str) -> bytes:
+    return json.dumps({"o": ORIGIN, "k": kind, "q": queue, "i": item_id}).encode()
+
+
+def _decode(data: bytes) -> tuple[str, str, str] | None:
+    try:
+        message = json.loads(data)
+        if message.get("o") == ORIGIN:
+            return None
+        return str(message["k"]), str(message["q"]), str(message.get("i") or "")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+# -- publishing -----------------------------------------------------------------------------
+
+
+class _Doorbell:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.setblocking(False)
+        self.names: list[str] = []
+        self.seen_mtime: float | None = None
+        self.lock = threading.Lock()
+
+    def _refresh(self) -> None:
+        try:
+            mtime = self.directory.stat().st_mtime
+        except FileNotFoundError:
+            self.names, self.seen_mtime = [], None
+            return
+        if mtime != self.seen_mtime:
+            self.seen_mtime = mtime
+            self.names = [n for n in os.listdir(self.directory) if n.startswith("th-")]
+
+    def publish(self, data: bytes) -> None:
+        with self.lock:
+            self._refresh()
+            for name in list(self.names):
+                try:
+                    self.sock.sendto(data, "\0" + _abstract_name(self.directory, name))
+                except (ConnectionRefusedError, FileNotFoundError):
+                    with contextlib.suppress(OSError):
+                        (self.directory / name).unlink()  # its process is gone
+                except (BlockingIOError, OSError):
+                    continue  # a full or slow listener: news is a hint
+
+
+def _abstract_name(directory: Path, name: str) -> str:
+    return f"taskhoster:{directory}:{name}"
+
+
+class _RedisPublisher:
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+
+    def publish(self, data: bytes) -> None:
+        try:
+            self.client.publish(REDIS_CHANNEL, data)
+        except Exception as exc:  # a lost hint; the backstop re-check catches up
+            log.warning("could not publish news to Redis: %s", exc)
+
+
+_publishers: dict[tuple[str, str], Any] = {}
+_publishers_lock = threading.Lock()
+
+
+def _doorbell_dir() -> Path:
+    return get_conf().root.resolve() / ".doorbell"
+
+
+def _publisher() -> Any:
+    conf = get_conf()
+    key = ("redis", conf.redis_url) if conf.redis_url else ("doorbell", str(_doorbell_dir()))
+    with _publishers_lock:
+        publisher = _publishers.get(key)
+        if publisher is None:
+            publisher = (_RedisPublisher(key[1]) if key[0] == "redis"
+                         else _Doorbell(Path(key[1])))
+            _publishers[key] = publisher
+        return publisher
+
+
+def publish(kind: str, queue: str, item_id: str = "") -> None:
+    _publisher().publish(_encode(kind, queue, item_id))
+
+
+# -- listening (server processes with sockets) ---------------------------------------------
+
+
+class Listener:
+    """Delivers other processes' news to ``handler`` on the running event loop."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.sock: socket.socket | None = None
+        self.registration: Path | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        conf = get_conf()
+        if conf.redis_url:
+            self.task = loop.create_task(self._listen_redis(conf.redis_url))
+        else:
+            self._listen_doorbell(loop)
+
+    def _listen_doorbell(self, loop: asyncio.AbstractEventLoop) -> None:
+        directory = _doorbell_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        name = f"th-{ORIGIN}"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind("\0" + _abstract_name(directory, name))
+        sock.setblocking(False)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        self.sock = sock
+        self.registration = directory / name
+        self.registration.touch()
+        loop.add_reader(sock.fileno(), self._drain)
+
+    def _drain(self) -> None:
+        assert self.sock is not None
+        while True:
+            try:
+                data = self.sock.recv(MAX_DATAGRAM)
+            except (BlockingIOError, InterruptedError):
+                return
+            news = _decode(data)
+            if news is not None:
+                self.handler(*news)
+
+    async def _listen_redis(self, url: str) -> None:
+        import redis.asyncio as aioredis
+
+        while True:
+            try:
+                client = aioredis.Redis.from_url(url)
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                await pubsub.subscribe(REDIS_CHANNEL)
+                async for message in pubsub.listen():
+                    news = _decode(message.get("data") or b"")
+                    if news is not None:
+                        self.handler(*news)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("news from Redis interrupted (%s); reconnecting", exc)
+                await asyncio.sleep(1)
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        if self.sock is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_event_loop().remove_reader(self.sock.fileno())
+            self.sock.close()
+        if self.registration is not None:
+            with contextlib.suppress(OSError):
+                self.registration.unlink()

@@ -1,0 +1,241 @@
+"""One dispatcher per server process: hands claimable items to this process's ``/work``
+sockets.
+
+When a queue may have claimable items (news from the engine, from another process, a freed
+slot, a new subscription, or a delayed item coming due), the dispatcher makes ONE claim for
+that queue of up to the free capacity of all its sockets serving the queue, and deals the
+items out round-robin, least recently served first. So 50 idle sockets and one new item cost
+one claim, not fifty. Claims for one queue never overlap in a process: news arriving during a
+claim marks the queue to be looked at once more afterwards.
+
+A claim that finds nothing arms a timer for the queue's next delayed item, and a backstop
+re-check runs every ``SOCKET_BACKSTOP_SECONDS`` in case a piece of news was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any, Protocol, TypeVar
+
+from django.db import close_old_connections
+
+from .. import bus, engine, events
+from ..conf import get_conf
+from ..errors import QueueNotFound
+from ..models import Item
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+MAX_CLAIM = 100
+
+_executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="taskhoster-db")
+
+
+async def run_sync(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Run blocking database or file work on the dispatcher's threads."""
+
+    def call() -> T:
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            close_old_connections()
+            raise
+
+    return await asyncio.get_running_loop().run_in_executor(_executor, call)
+
+
+class Worker(Protocol):
+    """What the dispatcher needs of a socket."""
+
+    queues: list[str]
+    capacity: int
+    held: dict[str, str]
+    reserved: int
+    last_served: float
+    closed: bool
+
+    async def deliver(self, claimed: engine.Claimed) -> bool: ...
+
+    async def cancel(self, item_id: str, reason: str) -> None: ...
+
+
+class Dispatcher:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.workers: set[Worker] = set()
+        self.pumping: set[str] = set()
+        self.dirty: set[str] = set()
+        self.timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
+        self.listener = bus.Listener(self._news)
+        self.backstop: asyncio.Task[None] | None = None
+        self.tick = 0.0
+
+    def start(self) -> None:
+        events.subscribe(self._local_news)
+        self.listener.start(self.loop)
+        self.backstop = self.loop.create_task(self._backstop())
+
+    # -- news ------------------------------------------------------------------------------
+
+    def _local_news(self, kind: str, queue: str, item_id: str) -> None:
+        """Called in whichever thread committed the change."""
+        with contextlib.suppress(RuntimeError):  # the loop has closed
+            self.loop.call_soon_threadsafe(self._news, kind, queue, item_id)
+
+    def _news(self, kind: str, queue: str, item_id: str) -> None:
+        if kind == "claimable":
+            self.wake(queue)
+        elif kind.startswith("removed:"):
+            reason = kind.split(":", 1)[1]
+            for worker in list(self.workers):
+                if item_id in worker.held:
+                    worker.held.pop(item_id, None)
+                    self.loop.create_task(worker.cancel(item_id, reason))
+                    self.wake_worker(worker)
+
+    # -- registration ----------------------------------------------------------------------
+
+    def register(self, worker: Worker) -> None:
+        self.workers.add(worker)
+        self.wake_worker(worker)
+
+    def unregister(self, worker: Worker) -> None:
+        self.workers.discard(worker)
+
+    def wake_worker(self, worker: Worker) -> None:
+        for queue in worker.queues:
+            self.wake(queue)
+
+    def wake(self, queue: str) -> None:
+        if queue in self.pumping:
+            self.dirty.add(queue)
+            return
+        if any(queue in w.queues and self._free(w) > 0 for w in self.workers):
+            self.pumping.add(queue)
+            self.loop.create_task(self._pump(queue))
+
+    # -- the claim loop --------------------------------------------------------------------
+
+    @staticmethod
+    def _free(worker: Worker) -> int:
+        if worker.closed:
+            return 0
+        return max(0, worker.capacity - len(worker.held) - worker.reserved)
+
+    async def _pump(self, queue: str) -> None:
+        try:
+            while True:
+                self.dirty.discard(queue)
+                wanting = sorted((w for w in self.workers
+                                  if queue in w.queues and self._free(w) > 0),
+                                 key=lambda w: w.last_served)
+                if not wanting:
+                    return
+                shares: dict[Worker, int] = {}
+                total = 0
+                for worker in wanting:
+                    share = min(self._free(worker), MAX_CLAIM - total)
+                    if share <= 0:
+                        break
+                    shares[worker] = share
+                    worker.reserved += share
+                    total += share
+                try:
+                    claimed = await run_sync(engine.claim, queue_name=queue, max_items=total)
+                except QueueNotFound:
+                    claimed = []
+                except Exception:
+                    log.exception("claim for queue %s failed", queue)
+                    claimed = []
+                finally:
+                    for worker, share in shares.items():
+                        worker.reserved -= share
+                await self._deal(claimed, list(shares))
+                if not claimed:
+                    await self._arm_timer(queue)
+                if len(claimed) < total and queue not in self.dirty:
+                    return
+        finally:
+            self.pumping.discard(queue)
+
+    async def _deal(self, claimed: list[engine.Claimed], workers: list[Worker]) -> None:
+        """Hand the items out one at a time, least recently served first."""
+        for item in claimed:
+            placed = False
+            for worker in sorted(workers, key=lambda w: w.last_served):
+                if self._free(worker) > 0 and worker in self.workers:
+                    worker.last_served = self.loop.time()
+                    placed = await worker.deliver(item)
+                    if placed:
+                        break
+            if not placed:
+                lease = item.row.lease or ""
+                await run_sync(engine.requeue_held, item_id=item.row.id, lease=lease,
+                               cause=engine.WORKER_DISCONNECTED)
+
+    # -- delayed items and the backstop ----------------------------------------------------
+
+    async def _arm_timer(self, queue: str) -> None:
+        due = await run_sync(_next_due, queue)
+        if due is None:
+            return
+        # An item already due that the claim passed over (its thread was busy changing) is
+        # looked at again shortly, not in a tight loop.
+        delay = max(0.05, (due - datetime.now(UTC)).total_seconds() + 0.001)
+        at = self.loop.time() + delay
+        current = self.timers.get(queue)
+        if current is not None and current[0] <= at:
+            return
+        if current is not None:
+            current[1].cancel()
+        self.timers[queue] = (at, self.loop.call_at(at, self._timer_fired, queue))
+
+    def _timer_fired(self, queue: str) -> None:
+        self.timers.pop(queue, None)
+        self.wake(queue)
+
+    async def _backstop(self) -> None:
+        while True:
+            await asyncio.sleep(get_conf().socket_backstop_seconds)
+            queues = {q for w in self.workers if self._free(w) > 0 for q in w.queues}
+            for queue in queues:
+                self.wake(queue)
+
+    def stop(self) -> None:
+        events.unsubscribe(self._local_news)
+        if self.backstop is not None:
+            self.backstop.cancel()
+        for _at, handle in self.timers.values():
+            handle.cancel()
+        with contextlib.suppress(Exception):
+            self.listener.stop()
+
+
+def _next_due(queue: str) -> datetime | None:
+    value: datetime | None = (
+        Item.objects.filter(queue__name=queue, eligible=True)
+        .order_by("scheduled_at")
+        .values_list("scheduled_at", flat=True)
+        .first()
+    )
+    return value
+
+
+_dispatcher: Dispatcher | None = None
+
+
+def get_dispatcher() -> Dispatcher:
+    """The dispatcher of this process, started on the running loop at first use."""
+    global _dispatcher
+    loop = asyncio.get_running_loop()
+    if _dispatcher is None or _dispatcher.loop is not loop:
+        if _dispatcher is not None:
+            _dispatcher.stop()
+        _dispatcher = Dispatcher(loop)
+        _dispatcher.start()
+    return _dispatcher
