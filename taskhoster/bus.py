@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -90,7 +91,9 @@ class _Doorbell:
 
 
 def _abstract_name(directory: Path, name: str) -> str:
-    return f"taskhoster:{directory}:{name}"
+    # An abstract socket name is at most 107 bytes: the state root is named by its hash.
+    digest = hashlib.sha256(str(directory).encode()).hexdigest()[:20]
+    return f"taskhoster:{digest}:{name}"
 
 
 class _RedisPublisher:
