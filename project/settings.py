@@ -138,6 +138,7 @@ TASKHOSTER = {
     "FSYNC": _env_flag("TASKHOSTER_FSYNC", True),
     "MAX_PAYLOAD_BYTES": int(os.environ.get("TASKHOSTER_MAX_PAYLOAD_BYTES", 1024 * 1024)),
     "REDIS_URL": os.environ.get("REDIS_URL", ""),
+    "SOCKET_BACKSTOP_SECONDS": float(os.environ.get("TASKHOSTER_SOCKET_BACKSTOP_SECONDS", 5)),
 }
 
 # A batch of up to 1,000 items rides in one body; the per-item limit is checked separately.

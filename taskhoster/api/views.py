@@ -9,7 +9,12 @@ from typing import Any
 
 from django.db import connection
 from django.http import HttpResponse
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework import status
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -154,7 +159,9 @@ class QueueItemsView(APIView):
         return Response({"items": [item_to_wire(r, q.name) for r in rows],
                          "next": _encode_cursor(last)})
 
-    @extend_schema(request=PostItemSerializer | PostBatchSerializer,
+    @extend_schema(request=PolymorphicProxySerializer(
+                       component_name="PostItems", resource_type_field_name=None,
+                       serializers=[PostItemSerializer, PostBatchSerializer]),
                    responses={201: ItemSerializer, 200: ItemSerializer, **ERRORS},
                    summary="Post one item, or {items: [...]} (all or none)")
     def post(self, request: Request, queue: str) -> Response:
@@ -262,9 +269,14 @@ class ResultView(APIView):
                    summary="Hand in a result (first one wins)")
     def post(self, request: Request, item_id: str) -> Response:
         check_item_id(item_id)
-        require(request, "work", queue=_item_queue_name(item_id))
+        require(request, "work")
         body = validated(ResultSerializer, request.data)
-        verdict = engine.submit_result(item_id=item_id, result=body["result"])
+        gone = Response({"accepted": False, "status": None})
+        try:
+            require(request, "work", queue=_item_queue_name(item_id))
+            verdict = engine.submit_result(item_id=item_id, result=body["result"])
+        except ItemNotFound:
+            return gone  # rule 9: a result for a deleted item is refused, not an error
         return Response({"accepted": verdict.accepted, "status": verdict.status})
 
 

@@ -126,15 +126,21 @@ def lock_item(item_id: str) -> Locked | None:
 
 
 def lock_threads(queue: Queue, thread_ids: list[str]) -> dict[str, Thread]:
-    """Create missing thread rows and lock all of them, in a fixed order."""
+    """Create missing thread rows and lock all of them, in a fixed order.
+
+    A row that its last member's verdict deleted while we waited for its lock is created
+    again (the second round cannot lose it: no one else sees our uncommitted insert).
+    """
     wanted = sorted(set(thread_ids))
-    if not wanted:
-        return {}
-    Thread.objects.bulk_create(
-        [Thread(queue=queue, thread_id=t) for t in wanted], ignore_conflicts=True
-    )
-    rows = Thread.objects.select_for_update().filter(queue=queue, thread_id__in=wanted)
-    return {t.thread_id: t for t in rows.order_by("thread_id")}
+    locked: dict[str, Thread] = {}
+    while len(locked) < len(wanted):
+        missing = [t for t in wanted if t not in locked]
+        Thread.objects.bulk_create(
+            [Thread(queue=queue, thread_id=t) for t in missing], ignore_conflicts=True
+        )
+        rows = Thread.objects.select_for_update().filter(queue=queue, thread_id__in=missing)
+        locked.update({t.thread_id: t for t in rows.order_by("thread_id")})
+    return {t: locked[t] for t in wanted}
 
 
 def first_pending_member(queue_id: int, thread_id: str) -> str | None:

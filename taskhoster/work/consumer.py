@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import deque
 from typing import Any
 
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -62,6 +63,9 @@ class WorkConsumer(AsyncWebsocketConsumer):
         self.principal: Principal | None = None
         self.dispatcher: Dispatcher | None = None
         self.errors: list[float] = []
+        # Items this socket was told to cancel: a result for one of them is acked
+        # accepted: false (rule 9), not answered with an error for an unknown id.
+        self.cancelled: deque[str] = deque(maxlen=1000)
         secret = parse_authorization(_header(self.scope, b"authorization"))
         principal = await run_sync(authenticate, secret) if secret else None
         await self.accept()
@@ -164,6 +168,11 @@ class WorkConsumer(AsyncWebsocketConsumer):
         try:
             verdict = await run_sync(engine.submit_result, item_id=item_id,
                                      result=message["result"])
+        except ItemNotFound:
+            if item_id not in self.cancelled:
+                raise
+            await self._send({"type": "ack", "id": item_id, "accepted": False})
+            return
         finally:
             self._slot_freed()
         await self._send({"type": "ack", "id": item_id, "accepted": verdict.accepted,
@@ -238,6 +247,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
         return claimed.row.queue.name
 
     async def cancel(self, item_id: str, reason: str) -> None:
+        self.cancelled.append(item_id)
         if not self.closed:
             await self._send({"type": "cancel", "id": item_id, "reason": reason})
 

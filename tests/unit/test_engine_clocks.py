@@ -184,7 +184,8 @@ def test_sweep_times_out_aged_items_and_keeps_young_ones(make_queue) -> None:
     assert young_limit > at
     report = engine.sweep(at=at)
     assert report.timed_out == 1
-    assert row(old.id).status == "failed" and row(young.id).status == "pending"
+    assert row(old.id).status == "failed"
+    assert row(young.id).status == "pending"
     assert engine.fail(item_id=old.id, lease=held_old.lease, error="x").accepted is False
 
 
@@ -228,7 +229,8 @@ def test_retain_from_finished_deletes_done_item_retain_seconds_after_finishing(
     _finish(item.id, how)
     finished = row(item.id).finished_at
     assert engine.sweep(at=after(finished, 99.9)).retained == 0
-    assert exists(item.id) and states_on_disk(state_root, "q", item.id) == ["done"]
+    assert exists(item.id)
+    assert states_on_disk(state_root, "q", item.id) == ["done"]
     assert engine.sweep(at=after(finished, 100)).retained == 1
     assert not exists(item.id)
     assert states_on_disk(state_root, "q", item.id) == []
@@ -241,8 +243,10 @@ def test_retention_never_deletes_live_items(make_queue, state_root: Path) -> Non
     processing = post()
     claim_one()
     report = engine.sweep(at=after(row(pending.id).posted_at, 10))
-    assert report.retained == 0 and report.timed_out == 0
-    assert exists(pending.id) and exists(processing.id)
+    assert report.retained == 0
+    assert report.timed_out == 0
+    assert exists(pending.id)
+    assert exists(processing.id)
 
 
 @pytest.mark.django_db
@@ -251,7 +255,8 @@ def test_retain_from_fetched_keeps_unread_done_item_forever(make_queue, state_ro
     item = post()
     _finish(item.id, "finished")
     assert engine.sweep(at=after(row(item.id).finished_at, 10**7)).retained == 0
-    assert exists(item.id) and states_on_disk(state_root, "q", item.id) == ["done"]
+    assert exists(item.id)
+    assert states_on_disk(state_root, "q", item.id) == ["done"]
 
 
 @pytest.mark.django_db
@@ -264,13 +269,15 @@ def test_retain_from_fetched_clock_starts_at_first_producer_read(
     got, record = engine.get_item(item_id=item.id, producer_read=True)
     assert record["result"] == "r"
     fetched = row(item.id).fetched_at
-    assert fetched is not None and got.fetched_at == fetched
+    assert fetched is not None
+    assert got.fetched_at == fetched
     engine.get_item(item_id=item.id, producer_read=True)  # a second read does not restart it
     assert row(item.id).fetched_at == fetched
     assert engine.sweep(at=after(fetched, 99.9)).retained == 0
     assert exists(item.id)
     assert engine.sweep(at=after(fetched, 100)).retained == 1
-    assert not exists(item.id) and states_on_disk(state_root, "q", item.id) == []
+    assert not exists(item.id)
+    assert states_on_disk(state_root, "q", item.id) == []
 
 
 @pytest.mark.django_db
@@ -313,7 +320,8 @@ def test_second_sweep_back_to_back_finds_nothing_to_do(make_queue) -> None:
     first = engine.sweep(at=at_lapse)
     second = engine.sweep(at=at_lapse)
     assert (first.requeued, second.requeued) == (1, 0)
-    assert row(lapsing.id).attempts == 1 and row(lapsing.id).status == "pending"
+    assert row(lapsing.id).attempts == 1
+    assert row(lapsing.id).status == "pending"
     at_age = after(row(aging.id).posted_at, 1000)
     first = engine.sweep(at=at_age)
     second = engine.sweep(at=at_age)
@@ -387,7 +395,7 @@ def _run_together(calls: list[Callable[[], object]]) -> list[BaseException]:
         try:
             barrier.wait()
             call()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
+        except BaseException as exc:
             errors.append(exc)
         finally:
             connection.close()
@@ -426,3 +434,21 @@ def test_concurrent_sweeps_and_results_give_each_item_exactly_one_verdict(
             assert got.error == "lease expired"
         assert states_on_disk(state_root, "q", item_id) == ["done"]
     assert len(accepted) == len(set(accepted))
+
+
+@pytest.mark.django_db
+def test_sweep_walks_every_item_in_small_chunks_even_with_tied_clocks(
+    make_queue, settings
+) -> None:
+    settings.TASKHOSTER = {**settings.TASKHOSTER, "SWEEP_CHUNK": 2}
+    make_queue("q", queueSeconds=1000, retainSeconds=10)
+    batch = engine.post_items(queue_name="q", items=[engine.NewItem(payload=n)
+                                                    for n in range(7)])
+    held = claim(max_items=7)  # one claim: all seven share one leaseExpiresAt
+    assert len({c.row.lease_expires_at for c in held}) == 1
+    assert engine.sweep(at=after(held[0].row.lease_expires_at)).requeued == 7
+    posted = row(batch[0].row.id).posted_at  # one batch: all seven share one postedAt
+    assert engine.sweep(at=after(posted, 1000)).timed_out == 7
+    finished = row(batch[0].row.id).finished_at
+    assert engine.sweep(at=after(finished, 10)).retained == 7
+    assert Item.objects.count() == 0

@@ -1,6 +1,6 @@
-"""The engine's lifecycle for unthreaded items: post, claim, result, fail, extend, death.
+"""The engine's lifecycle for unthreaded items: post, claim, result, fail, death.
 
-SPEC section 3, rules 1-5 and 7, against the real database and real state directories.
+SPEC section 3, rules 1-4 and 7, against the real database and real state directories.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ def test_post_is_pending_with_zero_attempts_scheduled_now(make_queue, state_root
     assert got.attempts == 0
     assert before <= got.posted_at <= after_post
     assert got.scheduled_at == got.posted_at
-    assert got.lease is None and got.lease_expires_at is None
+    assert got.lease is None
+    assert got.lease_expires_at is None
     assert states_on_disk(state_root, "q", item.id) == ["pending"]
     assert file_record(state_root, "q", item.id)["payload"] == {"n": 1}
 
@@ -132,7 +133,8 @@ def test_claim_moves_file_pending_to_processing_with_attempt_and_lease(
     got = row(item.id)
     assert got.status == "processing"
     assert got.attempts == 1
-    assert got.lease and got.lease == claimed[0].row.lease
+    assert got.lease
+    assert got.lease == claimed[0].row.lease
     assert before + timedelta(seconds=30) <= got.lease_expires_at <= utcnow() + timedelta(
         seconds=30)
     assert states_on_disk(state_root, "q", item.id) == ["processing"]
@@ -189,10 +191,13 @@ def test_result_from_processing_finishes_and_moves_file_to_done(
     assert (verdict.accepted, verdict.status) == (True, "finished")
     got = row(item.id)
     assert got.status == "finished"
-    assert got.finished_at is not None and got.error is None and got.lease is None
+    assert got.finished_at is not None
+    assert got.error is None
+    assert got.lease is None
     assert states_on_disk(state_root, "q", item.id) == ["done"]
     record = file_record(state_root, "q", item.id)
-    assert record["result"] == {"ok": True} and record["payload"] == "p"
+    assert record["result"] == {"ok": True}
+    assert record["payload"] == "p"
     assert record["status"] == "finished"
 
 
@@ -219,7 +224,8 @@ def test_result_from_lapsed_worker_wins_while_another_worker_holds_the_item(
     first = claim_one()
     engine.sweep(at=after(first.lease_expires_at, 1))
     second = claim_one()
-    assert second.lease != first.lease and row(item.id).status == "processing"
+    assert second.lease != first.lease
+    assert row(item.id).status == "processing"
     assert engine.submit_result(item_id=item.id, result="from first").accepted is True
     assert states_on_disk(state_root, "q", item.id) == ["done"]
     # the current holder's verdicts are all refused now
@@ -316,7 +322,9 @@ def test_retryable_fail_requeues_with_first_backoff_and_moves_file(
     after_fail = utcnow()
     assert (verdict.accepted, verdict.status) == (True, "pending")
     got = row(item.id)
-    assert got.status == "pending" and got.lease is None and got.lease_expires_at is None
+    assert got.status == "pending"
+    assert got.lease is None
+    assert got.lease_expires_at is None
     assert before + timedelta(seconds=7) <= got.scheduled_at <= after_fail + timedelta(seconds=7)
     assert states_on_disk(state_root, "q", item.id) == ["pending"]
     assert claim() == []  # not due until the backoff has passed
@@ -352,7 +360,8 @@ def test_fail_at_max_attempts_dies_with_the_workers_message(make_queue, state_ro
     assert (verdict.accepted, verdict.status) == (True, "failed")
     got = row(item.id)
     assert (got.status, got.error, got.attempts) == ("failed", "disk on fire", 2)
-    assert got.finished_at is not None and got.lease is None
+    assert got.finished_at is not None
+    assert got.lease is None
     assert states_on_disk(state_root, "q", item.id) == ["done"]
     record = file_record(state_root, "q", item.id)
     assert (record["status"], record["error"], record["payload"]) == ("failed", "disk on fire", "p")
@@ -411,7 +420,9 @@ def test_death_copies_item_into_dead_letter_queue_with_origin(
     assert len(copies) == 1
     copy = copies[0]
     assert dead.dead_letter == copy.id
-    assert copy.status == "pending" and copy.attempts == 0 and copy.key is None
+    assert copy.status == "pending"
+    assert copy.attempts == 0
+    assert copy.key is None
     assert copy.origin == {"queue": "q", "id": item.id, "error": error, "attempts": 1}
     assert states_on_disk(state_root, "dlq", copy.id) == ["pending"]
     copy_record = file_record(state_root, "dlq", copy.id)
@@ -451,72 +462,3 @@ def test_retryable_fail_with_attempts_left_is_not_copied(make_queue) -> None:
     engine.fail(item_id=item.id, lease=claim_one().lease, error="retry me")
     assert row(item.id).status == "pending"
     assert not Item.objects.filter(queue__name="dlq").exists()
-
-
-# -- rule 5: extend -----------------------------------------------------------------------------
-
-
-def test_extend_with_current_lease_pushes_expiry_by_lease_seconds(make_queue) -> None:
-    make_queue("q", leaseSeconds=30)
-    item = post()
-    held = claim_one()
-    before = utcnow()
-    accepted, got = engine.extend(item_id=item.id, lease=held.lease)
-    assert accepted is True
-    stored = row(item.id).lease_expires_at
-    assert got.lease_expires_at == stored
-    assert before + timedelta(seconds=30) <= stored <= utcnow() + timedelta(seconds=30)
-
-
-@pytest.mark.parametrize(("asked", "granted"), [(5, 5), (30, 30), (31, 30), (10_000, 30)])
-def test_extend_grants_asked_seconds_clamped_to_lease_seconds(make_queue, asked, granted) -> None:
-    make_queue("q", leaseSeconds=30)
-    item = post()
-    held = claim_one()
-    before = utcnow()
-    accepted, _ = engine.extend(item_id=item.id, lease=held.lease, seconds=asked)
-    assert accepted is True
-    stored = row(item.id).lease_expires_at
-    assert before + timedelta(seconds=granted) <= stored <= utcnow() + timedelta(seconds=granted)
-
-
-@pytest.mark.parametrize("lease", [None, "", "wrong"])
-def test_extend_without_the_current_lease_is_refused(make_queue, lease) -> None:
-    make_queue("q", leaseSeconds=30)
-    item = post()
-    held = claim_one()
-    accepted, _ = engine.extend(item_id=item.id, lease=lease, seconds=30)
-    assert accepted is False
-    assert row(item.id).lease_expires_at == held.lease_expires_at
-
-
-def test_extend_with_a_stale_lease_is_refused(make_queue) -> None:
-    make_queue("q")
-    item = post()
-    first = claim_one()
-    engine.sweep(at=after(first.lease_expires_at))
-    second = claim_one()
-    assert engine.extend(item_id=item.id, lease=first.lease)[0] is False
-    assert row(item.id).lease_expires_at == second.lease_expires_at
-
-
-def test_extended_lease_is_not_lapsed_by_a_sweep_at_the_old_expiry(make_queue) -> None:
-    make_queue("q", leaseSeconds=30)
-    item = post()
-    held = claim_one()
-    engine.extend(item_id=item.id, lease=held.lease, seconds=30)
-    new_expiry = row(item.id).lease_expires_at
-    old_expiry = held.lease_expires_at
-    assert new_expiry > old_expiry
-    assert engine.sweep(at=after(new_expiry, -0.000_001)).requeued == 0
-    assert row(item.id).status == "processing"
-    assert engine.sweep(at=new_expiry).requeued == 1
-
-
-def test_extend_of_a_finished_item_is_refused(make_queue) -> None:
-    make_queue("q")
-    item = post()
-    held = claim_one()
-    engine.submit_result(item_id=item.id, result=1)
-    assert engine.extend(item_id=item.id, lease=held.lease)[0] is False
-    assert row(item.id).lease_expires_at is None

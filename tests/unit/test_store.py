@@ -117,7 +117,7 @@ def test_concurrent_reader_never_sees_a_half_written_file(store: StateStore) -> 
                 got = store.read("q", State.PENDING, "a1")
                 assert got["payload"] == big
                 seen.add(got["rev"])
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:
                 errors.append(exc)
                 return
 
@@ -163,7 +163,8 @@ def test_durable_write_fsyncs_file_before_rename_and_directory_after(
     assert len(spy.calls) == 2
     (kind_file, file_path), (kind_dir, dir_path) = spy.calls
     assert kind_file == kind_dir == "fsync"
-    assert Path(file_path).parent == directory and file_path.endswith(".tmp")
+    assert Path(file_path).parent == directory
+    assert file_path.endswith(".tmp")
     assert dir_path == str(directory)
     # the file is flushed before it appears under its name; the directory after the rename
     assert spy.visible == [[], ["a1.json"]]
@@ -446,4 +447,5 @@ def test_any_accepted_name_and_id_resolve_to_a_file_directly_inside_its_state_di
     assert resolved.parent.name == state.value
     assert resolved.parent.parent.name == queue
     assert resolved.name == f"{item_id}.json"
-    assert not queue.startswith(".") and not item_id.startswith(".")
+    assert not queue.startswith(".")
+    assert not item_id.startswith(".")

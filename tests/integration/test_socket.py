@@ -1,0 +1,475 @@
+"""The /work socket (SPEC section 6) against a real daphne and a real websocket client."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import httpx
+import pytest
+import websockets
+
+from .wsclient import connect, recv, recv_none, send, subscribe, ws_url
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def key(make_key):
+    return make_key()
+
+
+@pytest.fixture
+def server(server_factory):
+    # A long backstop proves that wake-ups are pushed, not found by the periodic re-check.
+    return server_factory(TASKHOSTER_SOCKET_BACKSTOP_SECONDS="60")
+
+
+@pytest.fixture
+def http(server, key):
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Token {key}"},
+                      timeout=10) as client:
+        yield client
+
+
+def make_queue(http, name="q", **settings):
+    assert http.put(f"/api/queues/{name}", json=settings).status_code in (200, 201)
+
+
+def post(http, payload, queue="q", **extra):
+    response = http.post(f"/api/queues/{queue}/items", json={"payload": payload, **extra})
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def status_of(http, item_id):
+    return http.get(f"/api/items/{item_id}").json()
+
+
+def metric(http, name, queue="q"):
+    text = http.get("/metrics").text
+    match = re.search(rf'^taskhoster_{name}_total{{queue="{queue}"}} (\S+)$', text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_socket_without_key_is_refused_with_close_code_4401(server):
+    async def run():
+        ws = await connect(server, None)
+        frame = await recv(ws)
+        assert frame["type"] == "error" and frame["code"] == "unauthorized"
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.rcvd.code == 4401
+
+    asyncio.run(run())
+
+
+def test_socket_with_key_lacking_work_scope_is_refused_with_4403(server, make_key):
+    producer = make_key("produce")
+
+    async def run():
+        ws = await connect(server, producer)
+        assert (await recv(ws))["code"] == "forbidden"
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.rcvd.code == 4403
+
+    asyncio.run(run())
+
+
+def test_key_limited_to_queues_cannot_subscribe_to_others(server, http, make_key):
+    make_queue(http, "a")
+    make_queue(http, "b")
+
+    limited = make_key("work", queues=["a"])
+
+    async def run():
+        ws = await connect(server, limited)
+        await subscribe(ws, ["b"], 1)
+        assert (await recv(ws))["code"] == "forbidden"
+        await subscribe(ws, ["a"], 1)
+        await recv_none(ws, 0.3)
+        await ws.close()
+
+    asyncio.run(run())
+
+
+def test_items_are_pushed_up_to_capacity_and_a_result_frees_a_slot(server, http, key):
+    make_queue(http)
+
+    async def run():
+        ws = await connect(server, key)
+        await subscribe(ws, ["q"], 2)
+        ids = [post(http, n) for n in range(4)]
+        first = [await recv(ws), await recv(ws)]
+        assert [f["id"] for f in first] == ids[:2]
+        assert first[0]["type"] == "item" and first[0]["payload"] == 0
+        assert set(first[0]) >= {"id", "queue", "payload", "attempts", "threadId",
+                                 "scheduledAt", "leaseExpiresAt", "lease"}
+        await recv_none(ws)
+        await send(ws, {"type": "result", "id": ids[0], "result": "done"})
+        ack = await recv(ws)
+        assert ack == {"type": "ack", "id": ids[0], "accepted": True, "status": "finished"}
+        assert (await recv(ws))["id"] == ids[2]
+        await recv_none(ws)
+        await ws.close()
+
+    asyncio.run(run())
+
+
+def test_items_arrive_in_claim_order(server, http, key):
+    make_queue(http)
+    later = post(http, "later", scheduledAt="2020-01-01T00:00:02Z")
+    earlier = post(http, "earlier", scheduledAt="2020-01-01T00:00:01Z")
+    plain = post(http, "now")
+
+    async def run():
+        ws = await connect(server, key)
+        await subscribe(ws, ["q"], 3)
+        got = [(await recv(ws))["id"] for _ in range(3)]
+        assert got == [earlier, later, plain]
+        await ws.close()
+
+    asyncio.run(run())
+
+
+def test_items_are_spread_fairly_over_sockets(server, http, key):
+    make_queue(http)
+
+    async def run():
+        sockets = [await connect(server, key) for _ in range(3)]
+        for ws in sockets:
+            await subscribe(ws, ["q"], 5)
+        await asyncio.sleep(0.3)
+        for n in range(3):
+            post(http, n)
+        counts = []
+        for ws in sockets:
+            got = 0
+            try:
+                while True:
+                    await recv(ws, 0.5)
+                    got += 1
+            except TimeoutError:
+                pass
+            counts.append(got)
+        assert sorted(counts) == [1, 1, 1]
+        for ws in sockets:
+            await ws.close()
+
+    asyncio.run(run())
+
+
+def test_resubscribe_replaces_queues_and_capacity(server, http, key):
+    make_queue(http, "a")
+    make_queue(http, "b")
+
+    async def run():
+        ws = await connect(server, key)
+        await subscribe(ws, ["a"], 1)
+        await asyncio.sleep(0.2)
+        await subscribe(ws, ["b"], 1)
+        await asyncio.sleep(0.2)
+        post(http, "for a", queue="a")
+        await recv_none(ws, 0.4)
+        b = post(http, "for b", queue="b")
+        assert (await recv(ws))["id"] == b
+        await ws.close()
+
+    asyncio.run(run())
+
+
+def test_clean_close_requeues_held_items_at_once(server, http, key):
+    make_queue(http)
+    item = post(http, "x")
+
+    async def run():
+        ws = await connect(server, key)
+        await subscribe(ws, ["q"], 1)
+        assert (await recv(ws))["id"] == item
+        await ws.close()
+
+    asyncio.run(run())
+    deadline = time.monotonic() + 3
+    while status_of(http, item)["status"] != "pending":
+        assert time.monotonic() < deadline, "not re-queued at once"
+        time.sleep(0.05)
+    assert status_of(http, item)["attempts"] == 1
+
+
+WORKER = textwrap.dedent("""
+    import asyncio, json, sys, websockets
+    async def main(url, key):
+        async with websockets.connect(url, additional_headers={"Authorization": "Token " + key}) as ws:
+            await ws.send(json.dumps({"type": "subscribe", "queues": ["q"], "capacity": 1}))
+            frame = json.loads(await ws.recv())
+            print(frame["id"], flush=True)
+            await asyncio.sleep(3600)
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+""")
+
+
+def _sigkilled_worker_takes(server, key):
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, ws_url(server), key],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        line = worker.stdout.readline().strip()
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+        worker.stdout.close()
+    return line
+
+
+def test_sigkilled_worker_process_has_its_item_requeued_at_once(server, http, key):
+    make_queue(http)
+    item = post(http, "x")
+    assert _sigkilled_worker_takes(server, key) == item
+    deadline = time.monotonic() + 5
+    while status_of(http, item)["status"] != "pending":
+        assert time.monotonic() < deadline, "not re-queued when the worker died"
+        time.sleep(0.05)
+
+
+def test_disconnect_at_max_attempts_dies_with_worker_disconnected(server, http, key):
+    make_queue(http, maxAttempts=1)
+    item = post(http, "x")
+    assert _sigkilled_worker_takes(server, key) == item
+    deadline = time.monotonic() + 5
+    while status_of(http, item)["status"] != "failed":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert status_of(http, item)["error"] == "worker disconnected"
+
+
+def test_late_result_after_sweep_requeued_the_lease_is_accepted(server, http, key, manage):
+    make_queue(http, leaseSeconds=0.3)
+    item = post(http, "x")
+
+    async def run():
+        ws = await connect(server, key)
+        await subscribe(ws, ["q"], 1)
+        assert (await recv(ws))["id"] == item
+        await asyncio.sleep(0.5)
+        swept = manage("sweep").stdout
+        assert "1 lapsed lease(s) re-queued" in swept
+        assert status_of(http, item)["status"] == "pending"
+        # The worker kept its socket and finishes late: accepted, the item is not terminal.
+        await send(ws, {"type": "result", "id": item, "result": "late but fine"})
+        assert await recv(ws) == {"type": "ack", "id": item, "accepted": True,
+                                  "status": "finished"}
+        await send(ws, {"type": "result", "id": item, "result": "second"})
+        assert (await recv(ws))["accepted"] is False
+        await ws.close()
+
+    asyncio.run(run())
+    assert status_of(http, item)["result"] == "late but fine"
+
+
+def test_deleting_a_held_item_sends_cancel(server, http, key):
+    make_queue(http)
+    item = post(http, "x")
+
+    async def run():
+        ws = await connect(server, key)
+        await subscribe(ws, ["q"], 1)
+        assert (await recv(ws))["id"] == item
+        assert http.delete(f"/api/items/{item}").status_code == 204
+        assert await recv(ws) == {"type": "cancel", "id": item, "reason": "deleted"}
+        await send(ws, {"type": "result", "id": item, "result": "too late"})
+        assert await recv(ws) == {"type": "ack", "id": item, "accepted": False}
+        nxt = post(http, "next")
+        assert (await recv(ws))["id"] == nxt  # the cancelled slot is free again
+        await ws.close()
+
+    asyncio.run(run())
+
+
+def test_timeout_of_a_held_item_sends_cancel_even_from_a_separate_sweep(server, http, key,
+                                                                       manage):
+    make_queue(http, queueSeconds=0.5, leaseSeconds=60)
+    item = post(http, "x")
+
+    async def run():
+        ws = await connect(server, key)
+        await subscribe(ws, ["q"], 1)
+        assert (await recv(ws))["id"] == item
+        await asyncio.sleep(0.7)
+        manage("sweep")
+        assert await recv(ws) == {"type": "cancel", "id": item, "reason": "timeout"}
+        await ws.close()
+
+    asyncio.run(run())
+
+
+def test_bad_frames_get_error_frames_and_the_socket_stays_open(server, http, key):
+    make_queue(http)
+
+    async def run():
+        ws = await connect(server, key)
+        bad = [
+            "not json",
+            "[1, 2]",
+            '{"no": "type"}',
+            '{"type": "dance"}',
+            '{"type": "subscribe", "queues": ["q"]}',
+            '{"type": "subscribe", "queues": "q", "capacity": 1}',
+            '{"type": "subscribe", "queues": ["q"], "capacity": -1}',
+            '{"type": "subscribe", "queues": ["../etc"], "capacity": 1}',
+            '{"type": "subscribe", "queues": ["nope"], "capacity": 1}',
+            '{"type": "result", "id": "../../x", "result": 1}',
+            '{"type": "result", "id": "unknownid", "result": 1}',
+            '{"type": "result", "id": "x"}',
+            '{"type": "fail", "id": "x", "retry": "yes"}',
+            '{"type": "extend", "id": "x", "seconds": "soon"}',
+            '{"type": "result", "id": "x", "result": 1, "extra": true}',
+        ]
+        for frame in bad:
+            await ws.send(frame)
+            answer = await recv(ws)
+            assert answer["type"] == "error", (frame, answer)
+            assert answer["code"] and answer["message"]
+        await ws.send(b"\x00binary")
+        assert (await recv(ws))["code"] == "text_frames_only"
+        # still open and working
+        await subscribe(ws, ["q"], 1)
+        item = post(http, "ok")
+        assert (await recv(ws))["id"] == item
+        await ws.close()
+
+    asyncio.run(run())
+    deadline = time.monotonic() + 3
+    while http.get("/api/queues/q").json()["counts"]["pending"] != 1:
+        assert time.monotonic() < deadline, "the closed socket's item was not re-queued"
+        time.sleep(0.05)
+    assert http.get("/api/queues/q").json()["counts"] == {
+        "pending": 1, "processing": 0, "finished": 0, "failed": 0}
+
+
+def test_fail_and_extend_for_an_item_not_held_are_acked_false(server, http, key):
+    make_queue(http)
+    item = post(http, "x")
+
+    async def run():
+        ws = await connect(server, key)
+        await send(ws, {"type": "fail", "id": item})
+        assert await recv(ws) == {"type": "ack", "id": item, "accepted": False}
+        await send(ws, {"type": "extend", "id": item})
+        assert await recv(ws) == {"type": "ack", "id": item, "accepted": False}
+        await ws.close()
+
+    asyncio.run(run())
+    assert status_of(http, item)["status"] == "pending"
+
+
+def test_fail_over_the_socket_uses_the_held_lease_and_backs_off(server, http, key):
+    make_queue(http, backoffSeconds=30)
+    item = post(http, "x")
+
+    async def run():
+        ws = await connect(server, key)
+        await subscribe(ws, ["q"], 1)
+        assert (await recv(ws))["id"] == item
+        await send(ws, {"type": "extend", "id": item, "seconds": 5})
+        ack = await recv(ws)
+        assert ack["accepted"] is True and ack["leaseExpiresAt"].endswith("Z")
+        await send(ws, {"type": "fail", "id": item, "error": "boom"})
+        assert await recv(ws) == {"type": "ack", "id": item, "accepted": True,
+                                  "status": "pending"}
+        await recv_none(ws, 0.5)  # backed off 30 s: not pushed again now
+        await ws.close()
+
+    asyncio.run(run())
+
+
+def test_delayed_item_arrives_within_a_second_of_scheduled_at(server, http, key):
+    make_queue(http)
+
+    async def run():
+        ws = await connect(server, key)
+        await subscribe(ws, ["q"], 1)
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        item = post(http, "later", delaySeconds=1.5)
+        frame = await recv(ws, 5)
+        waited = time.monotonic() - started
+        assert frame["id"] == item
+        assert 1.4 <= waited <= 2.5, waited
+        await ws.close()
+
+    asyncio.run(run())
+
+
+def test_sweep_in_another_process_wakes_a_waiting_socket_without_polling(server, http, key,
+                                                                        manage):
+    make_queue(http, leaseSeconds=0.3)
+    item = post(http, "x")
+    claimed = http.post("/api/queues/q/claim", json={}).json()["items"]
+    assert [c["id"] for c in claimed] == [item]
+
+    async def run():
+        ws = await connect(server, key)
+        await subscribe(ws, ["q"], 1)
+        await recv_none(ws, 0.5)
+        started = time.monotonic()
+        manage("sweep")
+        frame = await recv(ws, 3)
+        assert frame["id"] == item and frame["attempts"] == 2
+        # the backstop is 60 s here, so this came by the news, not by a poll
+        assert time.monotonic() - started < 3
+        await ws.close()
+
+    asyncio.run(run())
+
+
+def test_one_new_item_costs_one_claim_with_fifty_idle_sockets(server, http, key):
+    make_queue(http)
+
+    async def first_frame(ws):
+        try:
+            return await recv(ws, 2)
+        except TimeoutError:
+            return None
+
+    async def run():
+        sockets = [await connect(server, key) for _ in range(50)]
+        for ws in sockets:
+            await subscribe(ws, ["q"], 1)
+        await asyncio.sleep(1.5)
+        before = metric(http, "claim_attempts")
+        item = post(http, "one")
+        frames = await asyncio.gather(*(first_frame(ws) for ws in sockets))
+        received = [f for f in frames if f is not None]
+        assert [f["id"] for f in received] == [item]
+        assert metric(http, "claim_attempts") - before == 1
+        for ws in sockets:
+            await ws.close()
+
+    asyncio.run(run())
+
+
+def test_two_server_processes_share_the_state_root_and_wake_each_other(server_factory, key):
+    first = server_factory(TASKHOSTER_SOCKET_BACKSTOP_SECONDS="60")
+    second = server_factory(TASKHOSTER_SOCKET_BACKSTOP_SECONDS="60")
+    headers = {"Authorization": f"Token {key}"}
+    with httpx.Client(base_url=first.url, headers=headers, timeout=10) as http:
+        make_queue(http)
+
+        async def run():
+            ws = await connect(second, key)
+            await subscribe(ws, ["q"], 1)
+            await recv_none(ws, 0.3)
+            started = time.monotonic()
+            item = post(http, "via the first process")
+            assert (await recv(ws, 3))["id"] == item
+            assert time.monotonic() - started < 1
+            await send(ws, {"type": "result", "id": item, "result": 1})
+            assert (await recv(ws))["accepted"] is True
+            await ws.close()
+
+        asyncio.run(run())

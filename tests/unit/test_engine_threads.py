@@ -1,0 +1,227 @@
+"""Thread groundwork in the engine: mutual exclusion (I3), head order (I4), and freeing a
+thread at once when its processing member leaves."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connection, transaction
+
+from taskhoster import engine
+from taskhoster.engine import NewItem
+from taskhoster.models import Item, Thread
+
+from .lifecycle_helpers import (
+    after,
+    ago,
+    claim,
+    claim_one,
+    claimed_ids,
+    post,
+    row,
+    thread_row,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+def processing_members(thread_id: str) -> list[str]:
+    return list(Item.objects.filter(thread_id=thread_id, status="processing")
+                .values_list("id", flat=True))
+
+
+def test_two_members_of_a_thread_are_never_both_processing(make_queue) -> None:
+    make_queue("q")
+    a = post(thread_id="t")
+    post(thread_id="t")
+    assert claimed_ids(max_items=10) == [a.id]
+    assert claim() == []
+    assert processing_members("t") == [a.id]
+    thread = thread_row("q", "t")
+    assert thread is not None
+    assert thread.processing_item == a.id
+    assert thread.member_count == 2
+
+
+def test_thread_head_is_earliest_scheduled_at_not_earliest_arrival(make_queue) -> None:
+    make_queue("q")
+    later = post(thread_id="t", scheduled_at=ago(10))
+    earlier = post(thread_id="t", scheduled_at=ago(20))
+    assert claimed_ids() == [earlier.id]
+    engine.submit_result(item_id=earlier.id, result=1)
+    assert claimed_ids() == [later.id]
+
+
+def test_thread_head_ties_are_broken_by_arrival(make_queue) -> None:
+    make_queue("q")
+    when = ago(5)
+    answer = engine.post_items(queue_name="q", items=[
+        NewItem(payload=n, thread_id="t", scheduled_at=when) for n in range(4)])
+    order = []
+    for _ in range(4):
+        got = claim()
+        assert len(got) == 1
+        order.append(got[0].payload)
+        engine.submit_result(item_id=got[0].row.id, result=None)
+    assert order == [0, 1, 2, 3]
+    assert [p.row.id for p in answer] == sorted(p.row.id for p in answer)
+
+
+def test_finishing_the_head_makes_the_next_member_claimable_at_once(make_queue) -> None:
+    make_queue("q")
+    a = post(thread_id="t")
+    b = post(thread_id="t")
+    claim_one()
+    assert claim() == []
+    engine.submit_result(item_id=a.id, result="ok")
+    assert claimed_ids() == [b.id]
+
+
+@pytest.mark.parametrize("how", ["death", "delete", "timeout"])
+def test_processing_head_leaving_promotes_the_next_member_at_once(make_queue, how) -> None:
+    make_queue("q", queueSeconds=100)
+    a = post(thread_id="t")
+    held = claim_one()
+    b = post(thread_id="t")
+    assert claim() == []
+    if how == "death":
+        engine.fail(item_id=a.id, lease=held.lease, error="x", retry=False)
+    elif how == "delete":
+        engine.delete_item(item_id=a.id)
+    else:
+        assert engine.time_out_if_aged(item_id=a.id, at=after(row(a.id).posted_at, 100))
+    assert claimed_ids() == [b.id]
+
+
+def test_deleting_a_pending_head_makes_the_next_member_head(make_queue) -> None:
+    make_queue("q")
+    a = post(thread_id="t")
+    b = post(thread_id="t")
+    engine.delete_item(item_id=a.id)
+    thread = thread_row("q", "t")
+    assert thread is not None
+    assert (thread.head_item, thread.member_count) == (b.id, 1)
+    assert claimed_ids() == [b.id]
+
+
+def test_retrying_head_is_outranked_by_a_sibling_with_earlier_scheduled_at(make_queue) -> None:
+    make_queue("q", backoffSeconds=60)
+    a = post(thread_id="t")
+    b = post(thread_id="t")
+    engine.fail(item_id=a.id, lease=claim_one().lease, error="again")
+    assert row(a.id).status == "pending"
+    assert claimed_ids() == [b.id]
+
+
+def test_lapsed_head_stays_head_with_scheduled_at_unchanged(make_queue) -> None:
+    make_queue("q")
+    a = post(thread_id="t")
+    b = post(thread_id="t")
+    held = claim_one()
+    engine.sweep(at=after(held.lease_expires_at))
+    assert claimed_ids() == [a.id]
+    engine.requeue_held(item_id=a.id, lease=row(a.id).lease)
+    assert claimed_ids() == [a.id]
+    assert row(b.id).status == "pending"
+
+
+def test_late_result_from_lapsed_worker_frees_thread_held_by_second_worker(make_queue) -> None:
+    make_queue("q")
+    a = post(thread_id="t")
+    b = post(thread_id="t")
+    first = claim_one()
+    engine.sweep(at=after(first.lease_expires_at))
+    claim_one()  # a second worker holds a
+    assert engine.submit_result(item_id=a.id, result="from first").accepted is True
+    assert claimed_ids() == [b.id]
+
+
+def test_blocked_thread_does_not_hold_up_unthreaded_items(make_queue) -> None:
+    make_queue("q")
+    a = post(thread_id="t", scheduled_at=ago(30))
+    post(thread_id="t", scheduled_at=ago(20))
+    c = post(scheduled_at=ago(10))
+    d = post()
+    assert claimed_ids(max_items=10) == [a.id, c.id, d.id]
+
+
+def test_blocked_thread_does_not_hold_up_other_threads(make_queue) -> None:
+    make_queue("q")
+    a1 = post(thread_id="a")
+    post(thread_id="a")
+    b1 = post(thread_id="b")
+    assert claimed_ids(max_items=10) == [a1.id, b1.id]
+
+
+def test_threads_are_scoped_to_their_queue(make_queue) -> None:
+    make_queue("q1")
+    make_queue("q2")
+    one = post("q1", thread_id="t")
+    two = post("q2", thread_id="t")
+    assert claimed_ids("q1") == [one.id]
+    assert claimed_ids("q2") == [two.id]
+
+
+def test_thread_row_is_deleted_when_its_last_member_leaves(make_queue) -> None:
+    make_queue("q")
+    a = post(thread_id="t")
+    b = post(thread_id="t")
+    claim_one()
+    engine.submit_result(item_id=a.id, result=1)
+    assert thread_row("q", "t") is not None
+    engine.delete_item(item_id=b.id)
+    assert thread_row("q", "t") is None
+
+
+def test_restarted_member_rejoins_its_thread(make_queue) -> None:
+    make_queue("q")
+    a = post(thread_id="t")
+    engine.fail(item_id=a.id, lease=claim_one().lease, error="x", retry=False)
+    assert thread_row("q", "t") is None
+    b = post(thread_id="t")
+    engine.restart(item_id=a.id)
+    assert claimed_ids(max_items=10) == [b.id]
+    engine.submit_result(item_id=b.id, result=1)
+    assert claimed_ids(max_items=10) == [a.id]
+
+
+def test_new_member_with_earlier_scheduled_at_displaces_an_unclaimed_head(make_queue) -> None:
+    make_queue("q")
+    old_head = post(thread_id="t", scheduled_at=ago(10))
+    new_head = post(thread_id="t", scheduled_at=ago(60))
+    assert claimed_ids(max_items=10) == [new_head.id]
+    engine.submit_result(item_id=new_head.id, result=1)
+    assert claimed_ids(max_items=10) == [old_head.id]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_post_racing_the_last_member_leaving_still_joins_a_live_thread(make_queue) -> None:
+    make_queue("q")
+    a = post(thread_id="t")
+    claim_one()
+    posted: dict[str, str] = {}
+    errors: list[BaseException] = []
+
+    def poster() -> None:
+        try:
+            posted["b"] = post(thread_id="t").id
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        # hold the thread row as a verdict on its last member does, while a post arrives
+        Thread.objects.select_for_update().get(queue__name="q", thread_id="t")
+        racer = threading.Thread(target=poster)
+        racer.start()
+        time.sleep(0.5)  # the post has seen the thread row and now waits for its lock
+        assert engine.submit_result(item_id=a.id, result=1).accepted is True
+    racer.join(30)
+    assert errors == []
+    thread = thread_row("q", "t")
+    assert thread is not None
+    assert thread.member_count == 1
+    assert claimed_ids() == [posted["b"]]
