@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import BasePermission
@@ -27,6 +28,17 @@ class KeyAuthentication(BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return "Token"
+
+
+class KeyAuthenticationScheme(OpenApiAuthenticationExtension):
+    """Describes ``KeyAuthentication`` in ``/api/schema``."""
+
+    target_class = KeyAuthentication
+    name = "tokenAuth"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "apiKey", "in": "header", "name": "Authorization",
+                "description": "`Token <key>`"}
 
 
 class HasKey(BasePermission):

@@ -8,6 +8,7 @@ at once (or a sweep racing a result) each lose cleanly: the loser finds nothing 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -15,12 +16,15 @@ from datetime import datetime
 from django.db.models import Q, QuerySet
 
 from ..conf import get_conf
+from ..errors import TaskhosterError
 from ..models import Item, Queue
 from ..status import LIVE_STATUSES, TERMINAL_STATUSES, RetainFrom, Status
 from ..timeutil import now as utcnow
 from .common import seconds
 from .removal import delete_if_retained
 from .verdicts import requeue_if_lapsed, time_out_if_aged
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -32,8 +36,12 @@ class SweepReport:
     errors: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
-        return (f"swept {self.queues} queue(s): {self.requeued} lapsed lease(s) re-queued, "
+        text = (f"swept {self.queues} queue(s): {self.requeued} lapsed lease(s) re-queued, "
                 f"{self.timed_out} item(s) timed out, {self.retained} done item(s) deleted")
+        if self.errors:
+            text += f"; {len(self.errors)} item(s) could not be changed: " + "; ".join(
+                self.errors[:5])
+        return text
 
 
 def _walk(queryset: QuerySet[Item], column: str, chunk: int) -> Iterator[list[str]]:
@@ -53,8 +61,18 @@ def _walk(queryset: QuerySet[Item], column: str, chunk: int) -> Iterator[list[st
             return
 
 
-def _apply(ids: list[str], change: Callable[..., bool], at: datetime) -> int:
-    return sum(1 for item_id in ids if change(item_id=item_id, at=at))
+def _apply(ids: list[str], change: Callable[..., bool], at: datetime,
+           report: SweepReport) -> int:
+    """Apply one clock to each item; one item that cannot be changed (say, an unreadable
+    file) is logged and passed over, so it never stops the sweep for every other item."""
+    done = 0
+    for item_id in ids:
+        try:
+            done += bool(change(item_id=item_id, at=at))
+        except TaskhosterError as exc:
+            log.error("sweep: %s on %s failed: %s", change.__name__, item_id, exc.message)
+            report.errors.append(f"{item_id}: {exc.message}")
+    return done
 
 
 def sweep(*, at: datetime | None = None) -> SweepReport:
@@ -63,16 +81,16 @@ def sweep(*, at: datetime | None = None) -> SweepReport:
     report = SweepReport()
     lapsed = Item.objects.filter(status=Status.PROCESSING, lease_expires_at__lte=at)
     for ids in _walk(lapsed, "lease_expires_at", chunk):
-        report.requeued += _apply(ids, requeue_if_lapsed, at)
+        report.requeued += _apply(ids, requeue_if_lapsed, at, report)
     for queue in Queue.objects.filter(deleting=False):
         report.queues += 1
         aged = Item.objects.filter(queue=queue, status__in=LIVE_STATUSES,
                                    posted_at__lte=at - seconds(queue.queue_seconds))
         for ids in _walk(aged, "posted_at", chunk):
-            report.timed_out += _apply(ids, time_out_if_aged, at)
+            report.timed_out += _apply(ids, time_out_if_aged, at, report)
         column = "finished_at" if queue.retain_from == RetainFrom.FINISHED else "fetched_at"
         retained = Item.objects.filter(queue=queue, status__in=TERMINAL_STATUSES,
                                        **{f"{column}__lte": at - seconds(queue.retain_seconds)})
         for ids in _walk(retained, column, chunk):
-            report.retained += _apply(ids, delete_if_retained, at)
+            report.retained += _apply(ids, delete_if_retained, at, report)
     return report

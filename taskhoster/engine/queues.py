@@ -67,7 +67,8 @@ def clean_settings(queue_name: str, body: dict[str, Any]) -> dict[str, Any]:
             continue
         kind = "an integer" if setting.integer else "a number"
         if isinstance(value, bool) or not isinstance(value, int | float) \
-                or (setting.integer and not isinstance(value, int)) or not math.isfinite(value):
+                or (setting.integer and not isinstance(value, int)) \
+                or (isinstance(value, float) and not math.isfinite(value)):
             raise InvalidInput(f"{setting.wire} must be {kind}", code="invalid_setting")
         low_ok = value > setting.minimum if setting.exclusive_minimum else value >= setting.minimum
         if not low_ok or value > setting.maximum:

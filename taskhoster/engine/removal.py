@@ -16,8 +16,10 @@ from ..conf import get_conf
 from ..errors import InvalidInput
 from ..models import Item, Queue, Thread
 from ..status import Status
+from ..store import write_queue_settings
 from .common import announce_removed, leave_thread, lock_item, seconds, store
 from .posting import get_live_queue
+from .queues import queue_settings
 
 DELETED = "deleted"
 
@@ -90,6 +92,11 @@ def delete_queue(*, queue_name: str) -> None:
             pass
         Thread.objects.filter(queue=queue).delete()
         queue.delete()
+        # Queues that sent their dead letters here stop doing so, visibly.
+        for other in Queue.objects.filter(dead_letter_queue=queue_name):
+            other.dead_letter_queue = None
+            other.save(update_fields=["dead_letter_queue"])
+            write_queue_settings(store(), other.name, queue_settings(other, wire=False))
     store().remove_queue(queue_name)
 
 

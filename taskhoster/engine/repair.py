@@ -4,9 +4,11 @@ The files are the truth. For each id the file with the highest ``rev`` wins (a c
 writing a new file and removing the old one leaves both) and the others are removed; a row
 that disagrees with its file is rewritten from it; a file without a row is indexed; a row
 without a file is dropped. A file in processing/ becomes a processing row whose lease has
-already lapsed, so the next sweep re-queues it. Then every thread of the queue is rebuilt
-from its members. Files and rows touched within ``grace`` seconds are left alone, so repair
-can run beside a live server without racing a post or a claim in flight.
+already lapsed, so the next sweep re-queues it; but beside a pending row of the same ``rev``
+it is a claim that never committed (never answered), and goes back to pending/. Then every
+thread of the queue is rebuilt from its members. Files and rows touched (written, or renamed)
+within ``grace`` seconds are left alone, so repair can run beside a live server without racing
+a post or a claim in flight.
 
 A queue row without a directory is left untouched: an empty or wrong state root must never
 empty the index.
@@ -98,7 +100,9 @@ def _repair_queue(queue: Queue, grace: float, report: RepairReport) -> None:
         by_id[found_file.item_id].append(found_file)
     for item_id, files in by_id.items():
         try:
-            if max(f.path.stat().st_mtime for f in files) >= cutoff:
+            # a claim renames without rewriting: a rename changes ctime, not mtime
+            if max(max(s.st_mtime, s.st_ctime) for s in (f.path.stat() for f in files)) \
+                    >= cutoff:
                 continue
         except OSError:
             continue  # moved while we looked: in flight
@@ -126,6 +130,15 @@ def _repair_item(queue: Queue, item_id: str, found: list[FoundFile], report: Rep
     status = _expected_status(state, record)
     row = Item.objects.filter(id=item_id).first()
     if row is not None and row.status == status and row.rev == int(record.get("rev", 0)):
+        return
+    if row is not None and row.status == Status.PENDING and state is State.PROCESSING \
+            and row.rev == int(record.get("rev", 0)):
+        # A claim renamed the file but never committed, so never answered: no worker holds
+        # the item. Undo the rename rather than count (and maybe die of) an unseen claim.
+        with contextlib.suppress(StoreError):
+            st.move(queue.name, item_id, State.PROCESSING, State.PENDING, durable=True)
+            report.rows_corrected += 1
+            log.info("repair: %s/%s claim never committed, back in pending", queue.name, item_id)
         return
     fields = _fields_from_record(queue, state, status, record)
     if row is not None and row.status == Status.PROCESSING and status == Status.PROCESSING:

@@ -216,7 +216,11 @@ def _die(locked: Locked, *, at: datetime, error: str) -> None:
             and Queue.objects.filter(name=dlq_name, deleting=False).exists():
         origin = {"queue": locked.queue.name, "id": row.id, "error": error,
                   "attempts": row.attempts}
-        copy = post_items(queue_name=dlq_name, items=[NewItem(payload=payload, origin=origin)])
+        # The key makes the copy once per death: a death repeated after a crash (whose
+        # first copy was already written) finds that copy instead of making a second.
+        key = f"dead-letter:{row.id}:{row.seq}"
+        copy = post_items(queue_name=dlq_name,
+                          items=[NewItem(payload=payload, origin=origin, key=key)])
         row.dead_letter = copy[0].row.id
     rewrite(locked.queue.name, row, old_state, payload=payload, durable=True)
     row.save()

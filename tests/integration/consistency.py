@@ -15,6 +15,7 @@ from pathlib import Path
 
 from taskhoster.models import Item, Thread
 from taskhoster.status import LIVE_STATUSES, State, Status
+from taskhoster.store import QUEUE_NAME_PATTERN
 
 STATES = tuple(s.value for s in State)
 
@@ -24,7 +25,9 @@ def files_on_disk(root: Path) -> dict[str, list[tuple[str, str]]]:
     found: dict[str, list[tuple[str, str]]] = defaultdict(list)
     if not root.is_dir():
         return found
-    for queue_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+    for queue_dir in sorted(
+        p for p in root.iterdir() if p.is_dir() and QUEUE_NAME_PATTERN.fullmatch(p.name)
+    ):
         for state in STATES:
             directory = queue_dir / state
             if not directory.is_dir():
@@ -36,7 +39,8 @@ def files_on_disk(root: Path) -> dict[str, list[tuple[str, str]]]:
 
 
 def temporaries(root: Path) -> list[Path]:
-    return sorted(set(root.glob("*/*/*.tmp")) | set(root.glob("*/*.tmp")))
+    found = set(root.glob("*/*/*.tmp")) | set(root.glob("*/*.tmp"))
+    return sorted(p for p in found if QUEUE_NAME_PATTERN.fullmatch(p.relative_to(root).parts[0]))
 
 
 def read_file(root: Path, queue: str, state: str, item_id: str) -> dict:
@@ -51,8 +55,9 @@ def assert_index_matches_directories(root: Path) -> None:
         where = disk.pop(item_id, [])
         expected = (queue, Status(status).state.value)
         if where != [expected]:
-            problems.append(f"row {item_id} ({queue}, {status}) has files {where}, "
-                            f"expected {[expected]}")
+            problems.append(
+                f"row {item_id} ({queue}, {status}) has files {where}, expected {[expected]}"
+            )
             continue
         on_disk = read_file(root, queue, expected[1], item_id)
         if on_disk.get("rev") != rev:
@@ -67,11 +72,13 @@ def assert_index_matches_directories(root: Path) -> None:
 def assert_threads_consistent() -> None:
     problems: list[str] = []
     eligible_wrong = Item.objects.exclude(status=Status.PENDING).filter(eligible=True)
-    problems += [f"{i} is eligible but not pending" for i in eligible_wrong.values_list("id",
-                                                                                       flat=True)]
+    problems += [
+        f"{i} is eligible but not pending" for i in eligible_wrong.values_list("id", flat=True)
+    ]
     lonely = Item.objects.filter(status=Status.PENDING, thread_id__isnull=True, eligible=False)
-    problems += [f"{i} is unthreaded pending but not eligible"
-                 for i in lonely.values_list("id", flat=True)]
+    problems += [
+        f"{i} is unthreaded pending but not eligible" for i in lonely.values_list("id", flat=True)
+    ]
     members: dict[tuple[int, str], list[Item]] = defaultdict(list)
     for row in Item.objects.filter(thread_id__isnull=False, status__in=LIVE_STATUSES):
         members[(row.queue_id, row.thread_id)].append(row)
@@ -79,8 +86,9 @@ def assert_threads_consistent() -> None:
     for key, rows in members.items():
         processing = [r.id for r in rows if r.status == Status.PROCESSING]
         eligible = [r.id for r in rows if r.eligible]
-        pending = sorted((r for r in rows if r.status == Status.PENDING),
-                         key=lambda r: (r.scheduled_at, r.seq))
+        pending = sorted(
+            (r for r in rows if r.status == Status.PENDING), key=lambda r: (r.scheduled_at, r.seq)
+        )
         head = pending[0].id if pending and not processing else None
         if len(processing) > 1:
             problems.append(f"thread {key}: several members processing: {processing}")
@@ -91,11 +99,13 @@ def assert_threads_consistent() -> None:
             problems.append(f"thread {key} has live members but no thread row")
             continue
         if thread.member_count != len(rows):
-            problems.append(f"thread {key}: member_count {thread.member_count}, "
-                            f"live members {len(rows)}")
+            problems.append(
+                f"thread {key}: member_count {thread.member_count}, live members {len(rows)}"
+            )
         if thread.processing_item != (processing[0] if processing else None):
-            problems.append(f"thread {key}: processing_item {thread.processing_item}, "
-                            f"processing {processing}")
+            problems.append(
+                f"thread {key}: processing_item {thread.processing_item}, processing {processing}"
+            )
         if thread.head_item != head:
             problems.append(f"thread {key}: head_item {thread.head_item}, expected {head}")
     for key in threads:

@@ -91,6 +91,10 @@ def _ok(response: Any, status: int = 201) -> Any:
 
 @pytest.fixture
 def world(api: APIClient, make_queue: Any, state_root: Path) -> World:
+    return build_world(api, make_queue, state_root)
+
+
+def build_world(api: APIClient, make_queue: Any, state_root: Path) -> World:
     """Queue ``q`` (queueSeconds 3600, maxAttempts 3) holding one item in each status, a
     threaded pending item with a key, and queue ``other`` with one pending item."""
     make_queue("q", queueSeconds=3600, maxAttempts=3)
@@ -123,7 +127,8 @@ def world(api: APIClient, make_queue: Any, state_root: Path) -> World:
     return w
 
 
-def refused(world: World, response: Any, status: int | tuple[int, ...] | None = None) -> dict[str, str]:
+def refused(world: World, response: Any,
+            status: int | tuple[int, ...] | None = None) -> dict[str, str]:
     """Assert a 4xx JSON error of the contract's shape and that nothing changed."""
     assert 400 <= response.status_code < 500, (response.status_code, response.content)
     if status is not None:
@@ -145,7 +150,7 @@ def refused(world: World, response: Any, status: int | tuple[int, ...] | None = 
 
 
 def send(world: World, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
-         content_type: str = "application/json") -> Any:
+         content_type: str = "application/json", client: Any = None) -> Any:
     path = world.fill(path)
     if raw is not None:
         data = raw
@@ -153,7 +158,7 @@ def send(world: World, method: str, path: str, body: Any = None, *, raw: bytes |
         data = b""
     else:
         data = json.dumps(world.fill(body)).encode()
-    return world.api.generic(method.upper(), path, data, content_type=content_type)
+    return (client or world.api).generic(method.upper(), path, data, content_type=content_type)
 
 
 # Every endpoint that reads a JSON body, with a body it would accept.
@@ -376,6 +381,9 @@ OUT_OF_RANGE = [
     ("put_queue", {"leaseSeconds": 0}),
     ("put_queue", {"leaseSeconds": -1}),
     ("put_queue", {"leaseSeconds": 10**12}),
+    ("put_queue", {"leaseSeconds": 10**400}),
+    ("put_queue", {"retainSeconds": -(10**400)}),
+    ("put_queue", {"maxAttempts": 10**400}),
     ("put_queue", {"queueSeconds": 0}),
     ("put_queue", {"retainSeconds": -1}),
     ("put_queue", {"maxAttempts": 0}),
@@ -396,6 +404,7 @@ OUT_OF_RANGE = [
     ("post_item", {"payload": 1, "key": "k" * 201}),
     ("post_item", {"payload": 1, "key": "a\x00b"}),
     ("post_item", {"payload": 1, "delaySeconds": -1}),
+    ("post_item", {"payload": 1, "delaySeconds": 10**400}),
     ("bulk_delete", {"status": "done"}),
     ("bulk_delete", {"status": "bogus"}),
     ("bulk_delete", {"ids": ["../{pending}"]}),
@@ -407,11 +416,14 @@ OUT_OF_RANGE = [
     ("claim", {"max": 101}),
     ("claim", {"wait": -1}),
     ("claim", {"wait": 61}),
+    ("claim", {"wait": 10**400}),
+    ("claim", {"max": 10**400}),
     ("fail", {"lease": LEASE, "error": "e" * 10_001, "retry": False}),
     ("fail", {"lease": LEASE, "error": "a\x00b", "retry": False}),
     ("extend", {"lease": LEASE, "seconds": 0}),
     ("extend", {"lease": LEASE, "seconds": -5}),
     ("extend", {"lease": LEASE, "seconds": 10**9}),
+    ("extend", {"lease": LEASE, "seconds": 10**400}),
 ]
 
 
@@ -489,11 +501,19 @@ def test_unknown_queue_is_refused_with_404(world, endpoint):
     refused(world, send(world, method, path.replace("{name}", "nosuch"), body), 404)
 
 
-@pytest.mark.parametrize("endpoint", sorted(ITEM_ENDPOINTS))
+@pytest.mark.parametrize("endpoint", sorted(set(ITEM_ENDPOINTS) - {"result"}))
 def test_unknown_item_is_refused_with_404(world, endpoint):
     method, path, body = ITEM_ENDPOINTS[endpoint]
     missing = "00000000000000000000"
     refused(world, send(world, method, path.replace("{id}", missing), body), 404)
+
+
+def test_result_for_an_unknown_item_is_not_accepted_and_changes_nothing(world):
+    """Rule 9: a result for an item that is gone gets ``accepted: false`` (not an error)."""
+    response = send(world, "post", "/api/items/00000000000000000000/result", {"result": 1})
+    assert response.status_code == 200, response.content
+    assert response.json() == {"accepted": False, "status": None}
+    assert snapshot(world.root) == world.before
 
 
 # -- names and ids aimed at paths --------------------------------------------------------------

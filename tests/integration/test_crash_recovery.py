@@ -54,10 +54,13 @@ def connect(make_key: Callable[..., str]) -> Iterator[Callable[[Any], httpx.Clie
 def seed(queue: str, *specs: dict[str, Any], **settings: Any) -> list[str]:
     """Create the queue (in this process, on the shared database and state root) and post."""
     engine.upsert_queue(name=queue, body=settings)
-    posted = engine.post_items(queue_name=queue, items=[
-        engine.NewItem(payload=s.get("payload"), thread_id=s.get("threadId"), key=s.get("key"))
-        for s in specs
-    ])
+    posted = engine.post_items(
+        queue_name=queue,
+        items=[
+            engine.NewItem(payload=s.get("payload"), thread_id=s.get("threadId"), key=s.get("key"))
+            for s in specs
+        ],
+    )
     return [p.row.id for p in posted]
 
 
@@ -80,8 +83,9 @@ def finish_everything(http: httpx.Client, queue: str) -> dict[str, Any]:
         if not claimed:
             return finished
         for item in claimed:
-            answer = http.post(f"/api/items/{item['id']}/result",
-                               json={"result": {"done": item["payload"]}}).json()
+            answer = http.post(
+                f"/api/items/{item['id']}/result", json={"result": {"done": item["payload"]}}
+            ).json()
             assert answer == {"accepted": True, "status": "finished"}, item
             again = http.post(f"/api/items/{item['id']}/result", json={"result": "twice"}).json()
             assert again == {"accepted": False, "status": "finished"}, item
@@ -100,12 +104,18 @@ def assert_all_finished_once(http: httpx.Client, ids: list[str]) -> None:
 
 
 def test_post_killed_after_files_loses_nothing_and_repair_indexes_the_durable_file(
-        server_factory, manage, connect, state_root: Path):
-    before = seed("q", {"payload": "a", "threadId": "t"}, {"payload": "b", "threadId": "t"},
-                  {"payload": "c"})
+    server_factory, manage, connect, state_root: Path
+):
+    before = seed(
+        "q", {"payload": "a", "threadId": "t"}, {"payload": "b", "threadId": "t"}, {"payload": "c"}
+    )
     server = server_factory(TASKHOSTER_CRASH_AT="post.after_files")
-    crash_during(server, lambda: connect(server).post(
-        "/api/queues/q/items", json={"payload": "crashed", "key": "k1", "threadId": "t"}))
+    crash_during(
+        server,
+        lambda: connect(server).post(
+            "/api/queues/q/items", json={"payload": "crashed", "key": "k1", "threadId": "t"}
+        ),
+    )
 
     orphans = [i for i in files_on_disk(state_root) if i not in before]
     assert len(orphans) == 1, "the crash should leave exactly one file without a row"
@@ -118,8 +128,9 @@ def test_post_killed_after_files_loses_nothing_and_repair_indexes_the_durable_fi
     assert status_of(*before) == dict.fromkeys(before, "pending")
 
     http = connect(server_factory())
-    retried = http.post("/api/queues/q/items", json={"payload": "crashed", "key": "k1",
-                                                     "threadId": "t"})
+    retried = http.post(
+        "/api/queues/q/items", json={"payload": "crashed", "key": "k1", "threadId": "t"}
+    )
     assert retried.status_code == 200, "a retry with the key must find the recovered item"
     assert retried.json()["id"] == orphans[0]
     finished = finish_everything(http, "q")
@@ -129,12 +140,12 @@ def test_post_killed_after_files_loses_nothing_and_repair_indexes_the_durable_fi
 
 
 def test_batch_post_killed_after_files_is_recovered_all_or_nothing(
-        server_factory, manage, connect, state_root: Path):
+    server_factory, manage, connect, state_root: Path
+):
     before = seed("q", {"payload": "old", "threadId": "t"})
     batch = [{"payload": n, "threadId": f"t{n % 3}" if n % 2 else None} for n in range(12)]
     server = server_factory(TASKHOSTER_CRASH_AT="post.after_files")
-    crash_during(server, lambda: connect(server).post("/api/queues/q/items",
-                                                      json={"items": batch}))
+    crash_during(server, lambda: connect(server).post("/api/queues/q/items", json={"items": batch}))
     manage(*REPAIR)
     assert_index_matches_directories(state_root)
     assert_threads_consistent()
@@ -146,16 +157,22 @@ def test_batch_post_killed_after_files_is_recovered_all_or_nothing(
     finished = finish_everything(http, "q")
     assert set(before) <= set(finished)
     assert sorted(str(p) for p in finished.values()) == sorted(
-        ["old"] + ([str(n) for n in range(12)] if recovered.count() else []))
+        ["old"] + ([str(n) for n in range(12)] if recovered.count() else [])
+    )
     assert_index_matches_directories(state_root)
 
 
 def test_post_killed_after_index_keeps_the_item_and_its_key(
-        server_factory, manage, connect, state_root: Path):
+    server_factory, manage, connect, state_root: Path
+):
     before = seed("q", {"payload": "a"}, {"payload": "b", "key": "kb"})
     server = server_factory(TASKHOSTER_CRASH_AT="post.after_index")
-    crash_during(server, lambda: connect(server).post(
-        "/api/queues/q/items", json={"payload": "crashed", "key": "k1"}))
+    crash_during(
+        server,
+        lambda: connect(server).post(
+            "/api/queues/q/items", json={"payload": "crashed", "key": "k1"}
+        ),
+    )
     crashed = Item.objects.get(key="k1")
     assert crashed.status == Status.PENDING
 
@@ -176,10 +193,16 @@ def test_post_killed_after_index_keeps_the_item_and_its_key(
 
 
 def test_claim_killed_after_rename_is_pending_again_after_repair_and_one_sweep(
-        server_factory, manage, connect, state_root: Path):
+    server_factory, manage, connect, state_root: Path
+):
     # A long lease: an uncommitted claim must not have to wait it out.
-    t1, t2, a = seed("q", {"payload": 1, "threadId": "t"}, {"payload": 2, "threadId": "t"},
-                     {"payload": 3}, leaseSeconds=600)
+    t1, t2, a = seed(
+        "q",
+        {"payload": 1, "threadId": "t"},
+        {"payload": 2, "threadId": "t"},
+        {"payload": 3},
+        leaseSeconds=600,
+    )
     server = server_factory(TASKHOSTER_CRASH_AT="claim.after_rename")
     crash_during(server, lambda: connect(server).post("/api/queues/q/claim", json={"max": 1}))
     assert files_on_disk(state_root)[t1] == [("q", "processing")]
@@ -187,7 +210,7 @@ def test_claim_killed_after_rename_is_pending_again_after_repair_and_one_sweep(
 
     manage(*REPAIR)
     assert status_of(t1, t2, a) == {t1: "pending", t2: "pending", a: "pending"}
-    assert Item.objects.get(id=t1).attempts <= 1
+    assert Item.objects.get(id=t1).attempts == 0, "a claim that never answered is no attempt"
     assert_index_matches_directories(state_root)
     assert_threads_consistent()
 
@@ -196,15 +219,20 @@ def test_claim_killed_after_rename_is_pending_again_after_repair_and_one_sweep(
     assert sorted(c["id"] for c in claimed) == sorted([t1, a]), "t2 waits behind its thread head"
     for item in claimed:
         assert http.post(f"/api/items/{item['id']}/result", json={"result": 1}).json() == {
-            "accepted": True, "status": "finished"}
+            "accepted": True,
+            "status": "finished",
+        }
         assert http.post(f"/api/items/{item['id']}/result", json={"result": 2}).json() == {
-            "accepted": False, "status": "finished"}
+            "accepted": False,
+            "status": "finished",
+        }
     assert sorted(finish_everything(http, "q")) == [t2]
     assert_index_matches_directories(state_root)
 
 
 def test_claim_killed_after_rename_is_claimable_by_a_restarted_server_without_repair(
-        server_factory, connect, state_root: Path):
+    server_factory, connect, state_root: Path
+):
     (a,) = seed("q", {"payload": "a"})
     server = server_factory(TASKHOSTER_CRASH_AT="claim.after_rename")
     crash_during(server, lambda: connect(server).post("/api/queues/q/claim", json={}))
@@ -220,9 +248,15 @@ def test_claim_killed_after_rename_is_claimable_by_a_restarted_server_without_re
 
 
 def test_claim_killed_after_commit_does_not_stay_processing_past_lease_plus_one_sweep(
-        server_factory, manage, connect, state_root: Path):
-    a, b, c = seed("q", {"payload": "a"}, {"payload": "b", "threadId": "t"},
-                   {"payload": "c", "threadId": "t"}, leaseSeconds=0.5)
+    server_factory, manage, connect, state_root: Path
+):
+    a, b, c = seed(
+        "q",
+        {"payload": "a"},
+        {"payload": "b", "threadId": "t"},
+        {"payload": "c", "threadId": "t"},
+        leaseSeconds=0.5,
+    )
     server = server_factory(TASKHOSTER_CRASH_AT="claim.after_commit")
     crash_during(server, lambda: connect(server).post("/api/queues/q/claim", json={"max": 5}))
     assert status_of(a, b, c) == {a: "processing", b: "processing", c: "pending"}
@@ -230,12 +264,15 @@ def test_claim_killed_after_commit_does_not_stay_processing_past_lease_plus_one_
     manage(*REPAIR)
     assert_index_matches_directories(state_root)
     assert_threads_consistent()
-    lapse = max(Item.objects.filter(status=Status.PROCESSING)
-                .values_list("lease_expires_at", flat=True), default=utcnow())
+    lapse = max(
+        Item.objects.filter(status=Status.PROCESSING).values_list("lease_expires_at", flat=True),
+        default=utcnow(),
+    )
     time.sleep(max(0.0, (lapse - utcnow()).total_seconds()) + 0.1)
     manage("sweep")
-    assert status_of(a, b, c) == dict.fromkeys((a, b, c), "pending"), \
+    assert status_of(a, b, c) == dict.fromkeys((a, b, c), "pending"), (
         "a claim lost in a crash must be pending again after its lease and one sweep"
+    )
     assert [Item.objects.get(id=i).attempts for i in (a, b, c)] == [1, 1, 0]
     assert_index_matches_directories(state_root)
     assert_threads_consistent()
@@ -251,7 +288,8 @@ def test_claim_killed_after_commit_does_not_stay_processing_past_lease_plus_one_
 
 
 def test_result_killed_after_done_file_keeps_the_first_result_and_accepts_no_second(
-        server_factory, manage, connect, state_root: Path):
+    server_factory, manage, connect, state_root: Path
+):
     x, y = seed("q", {"payload": "x", "threadId": "t"}, {"payload": "y", "threadId": "t"})
     server = server_factory(TASKHOSTER_CRASH_AT="result.after_done_file")
     http = connect(server)
@@ -276,7 +314,8 @@ def test_result_killed_after_done_file_keeps_the_first_result_and_accepts_no_sec
 
 
 def test_result_killed_after_commit_accepts_no_second_result(
-        server_factory, manage, connect, state_root: Path):
+    server_factory, manage, connect, state_root: Path
+):
     x, other = seed("q", {"payload": "x"}, {"payload": "other", "threadId": "t"})
     server = server_factory(TASKHOSTER_CRASH_AT="result.after_commit")
     http = connect(server)
@@ -302,9 +341,15 @@ def test_result_killed_after_commit_accepts_no_second_result(
 
 @pytest.mark.parametrize("recovery", [("sweep",), REPAIR], ids=["plain-sweep", "repair"])
 def test_requeue_killed_after_pending_file_is_completed_by_the_next_sweep(
-        server_factory, manage, connect, state_root: Path, recovery):
-    a, b, c = seed("q", {"payload": "a", "threadId": "t"}, {"payload": "b", "threadId": "t"},
-                   {"payload": "c"}, leaseSeconds=0.5)
+    server_factory, manage, connect, state_root: Path, recovery
+):
+    a, b, c = seed(
+        "q",
+        {"payload": "a", "threadId": "t"},
+        {"payload": "b", "threadId": "t"},
+        {"payload": "c"},
+        leaseSeconds=0.5,
+    )
     http = connect(server_factory())
     claimed = http.post("/api/queues/q/claim", json={"max": 1}).json()["items"]
     assert [i["id"] for i in claimed] == [a]
@@ -325,8 +370,33 @@ def test_requeue_killed_after_pending_file_is_completed_by_the_next_sweep(
     again = http.post("/api/queues/q/claim", json={"max": 10}).json()["items"]
     assert sorted((i["id"], i["attempts"]) for i in again) == sorted([(a, 2), (c, 1)])
     for item in again:
-        assert http.post(f"/api/items/{item['id']}/result",
-                         json={"result": {"done": item["payload"]}}).json()["accepted"] is True
+        assert (
+            http.post(
+                f"/api/items/{item['id']}/result", json={"result": {"done": item["payload"]}}
+            ).json()["accepted"]
+            is True
+        )
     assert sorted(finish_everything(http, "q")) == [b]
     assert_all_finished_once(http, [a, b, c])
+    assert_index_matches_directories(state_root)
+
+
+def test_claim_killed_after_rename_does_not_use_up_an_attempt(
+    server_factory, manage, connect, state_root: Path
+):
+    # The claim never committed, so it never answered: no worker holds the item, and with
+    # maxAttempts 1 recovery must not let it die of a lease nobody was given.
+    (a,) = seed("q", {"payload": "a"}, maxAttempts=1)
+    server = server_factory(TASKHOSTER_CRASH_AT="claim.after_rename")
+    crash_during(server, lambda: connect(server).post("/api/queues/q/claim", json={}))
+
+    manage(*REPAIR)
+    row = Item.objects.get(id=a)
+    assert (row.status, row.attempts, row.error) == ("pending", 0, None)
+    assert_index_matches_directories(state_root)
+
+    http = connect(server_factory())
+    claimed = http.post("/api/queues/q/claim", json={}).json()["items"]
+    assert [(c["id"], c["attempts"]) for c in claimed] == [(a, 1)]
+    assert http.post(f"/api/items/{a}/result", json={"result": "ok"}).json()["accepted"] is True
     assert_index_matches_directories(state_root)

@@ -422,7 +422,8 @@ def test_death_copies_item_into_dead_letter_queue_with_origin(
     assert dead.dead_letter == copy.id
     assert copy.status == "pending"
     assert copy.attempts == 0
-    assert copy.key is None
+    # a server-made key makes the copy once per death, even if a crash repeats the death
+    assert copy.key == f"dead-letter:{item.id}:{item.seq}"
     assert copy.origin == {"queue": "q", "id": item.id, "error": error, "attempts": 1}
     assert states_on_disk(state_root, "dlq", copy.id) == ["pending"]
     copy_record = file_record(state_root, "dlq", copy.id)
@@ -462,3 +463,22 @@ def test_retryable_fail_with_attempts_left_is_not_copied(make_queue) -> None:
     engine.fail(item_id=item.id, lease=claim_one().lease, error="retry me")
     assert row(item.id).status == "pending"
     assert not Item.objects.filter(queue__name="dlq").exists()
+
+
+@pytest.mark.django_db
+def test_a_death_repeated_after_a_crash_makes_no_second_dead_letter_copy(make_queue):
+    from taskhoster import engine
+    from taskhoster.models import Item
+
+    make_queue("dlq")
+    make_queue("main", maxAttempts=1, deadLetterQueue="dlq")
+    item = engine.post_items(queue_name="main", items=[engine.NewItem(payload=1)])[0].row
+    # The first death's copy was written (and indexed by repair) before the crash...
+    engine.post_items(queue_name="dlq", items=[engine.NewItem(
+        payload=1, key=f"dead-letter:{item.id}:{item.seq}",
+        origin={"queue": "main", "id": item.id, "error": "lease expired", "attempts": 1})])
+    # ...then the item dies again after recovery.
+    engine.claim(queue_name="main")
+    engine.requeue_held(item_id=item.id, lease=Item.objects.get(id=item.id).lease or "")
+    assert Item.objects.filter(queue__name="dlq").count() == 1
+    assert Item.objects.get(id=item.id).dead_letter == Item.objects.get(queue__name="dlq").id

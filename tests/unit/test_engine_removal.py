@@ -283,3 +283,14 @@ def test_batch_post_with_unstorable_member_posts_nothing(make_queue, state_root:
         engine.post_items(queue_name="q", items=items)
     assert Item.objects.count() == 0
     assert sorted(p.name for p in (state_root / "q").rglob("*") if p.is_file()) == ["queue.json"]
+
+
+@pytest.mark.django_db
+def test_deleting_a_dead_letter_queue_clears_it_from_queues_that_used_it(make_queue):
+    from taskhoster import engine
+    from taskhoster.models import Queue
+
+    make_queue("dlq")
+    make_queue("main", deadLetterQueue="dlq")
+    engine.delete_queue(queue_name="dlq")
+    assert Queue.objects.get(name="main").dead_letter_queue is None
