@@ -9,9 +9,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 # The admin's CSS and JS are served by the same process: there is no separate web server.
 django_asgi_app = ASGIStaticFilesHandler(get_asgi_application())
 
-from channels.routing import ProtocolTypeRouter, URLRouter
+# Imported only once Django is set up: the consumers import models.
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
-from taskhoster.routing import websocket_urlpatterns
+from taskhoster.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

@@ -40,8 +40,9 @@ def _secret_key() -> str:
 SECRET_KEY = _secret_key()
 DEBUG = _env_flag("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "*").split(",") if h]
-CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",")
-                        if o]
+CSRF_TRUSTED_ORIGINS = [
+    o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o
+]
 
 INSTALLED_APPS = [
     "daphne",
@@ -105,8 +106,10 @@ def _database() -> dict[str, object]:
         name = str(config.get("NAME") or "")
         if name and name != ":memory:":
             Path(name).parent.mkdir(parents=True, exist_ok=True)
-        config["TEST"] = {"NAME": os.environ.get("TASKHOSTER_TEST_DB") or
-                          str(VAR_DIR / f"test-{os.getpid()}.sqlite3")}
+        config["TEST"] = {
+            "NAME": os.environ.get("TASKHOSTER_TEST_DB")
+            or str(VAR_DIR / f"test-{os.getpid()}.sqlite3")
+        }
     elif "postgresql" in engine:
         # The index can be rebuilt from the durable item files, so a commit need not wait
         # for the database's own flush.

@@ -27,8 +27,14 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(Queue)
 class QueueAdmin(ReadOnlyAdmin):
-    list_display = ("name", "lease_seconds", "queue_seconds", "retain_seconds", "max_attempts",
-                    "dead_letter_queue")
+    list_display = (
+        "name",
+        "lease_seconds",
+        "queue_seconds",
+        "retain_seconds",
+        "max_attempts",
+        "dead_letter_queue",
+    )
 
 
 @admin.register(Item)

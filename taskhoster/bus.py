@@ -123,8 +123,7 @@ def _publisher() -> Any:
     with _publishers_lock:
         publisher = _publishers.get(key)
         if publisher is None:
-            publisher = (_RedisPublisher(key[1]) if key[0] == "redis"
-                         else _Doorbell(Path(key[1])))
+            publisher = _RedisPublisher(key[1]) if key[0] == "redis" else _Doorbell(Path(key[1]))
             _publishers[key] = publisher
         return publisher
 

@@ -22,7 +22,10 @@ _listeners: list[Listener] = []
 
 
 def subscribe(listener: Listener) -> None:
-    """Call ``listener(kind, queue, item_id)`` after each event (kind: claimable, verdict, removed)."""
+    """Call ``listener(kind, queue, item_id)`` after each event.
+
+    ``kind`` is ``claimable``, ``verdict`` or ``removed:<reason>``.
+    """
     _listeners.append(listener)
 
 
@@ -57,7 +60,10 @@ def generation() -> int:
 
 
 def wait_for_news(since: int, timeout: float) -> int:
-    """Block until an event after generation ``since`` or ``timeout`` seconds; return the generation."""
+    """Block until an event after generation ``since``, or ``timeout`` seconds.
+
+    Returns the generation then current.
+    """
     deadline = time.monotonic() + timeout
     with _condition:
         while _generation == since:

@@ -41,8 +41,9 @@ def hash_key(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def create_key(*, name: str, scopes: Iterable[str], queues: Iterable[str] | None = None
-               ) -> tuple[ApiKey, str]:
+def create_key(
+    *, name: str, scopes: Iterable[str], queues: Iterable[str] | None = None
+) -> tuple[ApiKey, str]:
     """Create a key; the secret is returned once and never stored."""
     scope_list = sorted({s.strip() for s in scopes if s.strip()})
     bad = [s for s in scope_list if s not in SCOPES]
@@ -57,8 +58,13 @@ def create_key(*, name: str, scopes: Iterable[str], queues: Iterable[str] | None
     if not name or len(name) > 100:
         raise InvalidInput("a key needs a name of 1-100 characters", code="invalid_name")
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
-    key = ApiKey.objects.create(name=name, prefix=secret[:10], key_hash=hash_key(secret),
-                                scopes=scope_list, queues=queue_list)
+    key = ApiKey.objects.create(
+        name=name,
+        prefix=secret[:10],
+        key_hash=hash_key(secret),
+        scopes=scope_list,
+        queues=queue_list,
+    )
     return key, secret
 
 
@@ -69,8 +75,9 @@ def authenticate(secret: str) -> Principal | None:
     if key is None:
         return None
     queues = frozenset(key.queues) if key.queues else None
-    return Principal(key_id=key.id, name=key.name, scopes=frozenset(key.scopes or ()),
-                     queues=queues)
+    return Principal(
+        key_id=key.id, name=key.name, scopes=frozenset(key.scopes or ()), queues=queues
+    )
 
 
 def parse_authorization(header: str | None) -> str | None:

@@ -118,10 +118,14 @@ def render() -> str:
         q = _escape(queue)
         for bound in LATENCY_BUCKETS:
             value = totals.get((queue, f"latency_le_{bound}"), 0)
-            lines.append(f'taskhoster_post_to_claim_seconds_bucket{{queue="{q}",le="{bound}"}} {value:g}')
+            lines.append(
+                f'taskhoster_post_to_claim_seconds_bucket{{queue="{q}",le="{bound}"}} {value:g}'
+            )
         total = totals.get((queue, "latency_count"), 0)
         lines.append(f'taskhoster_post_to_claim_seconds_bucket{{queue="{q}",le="+Inf"}} {total:g}')
-        lines.append(f'taskhoster_post_to_claim_seconds_sum{{queue="{q}"}} '
-                     f'{totals.get((queue, "latency_sum"), 0):g}')
+        lines.append(
+            f'taskhoster_post_to_claim_seconds_sum{{queue="{q}"}} '
+            f"{totals.get((queue, 'latency_sum'), 0):g}"
+        )
         lines.append(f'taskhoster_post_to_claim_seconds_count{{queue="{q}"}} {total:g}')
     return "\n".join(lines) + "\n"

@@ -145,7 +145,9 @@ class StateStore:
                 with contextlib.suppress(OSError):
                     tmp.unlink()
 
-    def move(self, queue: str, item_id: str, src: State, dst: State, *, durable: bool = False) -> None:
+    def move(
+        self, queue: str, item_id: str, src: State, dst: State, *, durable: bool = False
+    ) -> None:
         """Rename the item's file from ``src`` to ``dst``: the atomic step of a claim.
 
         Raises ``FileMissing`` if the file is not in ``src``, unless it is already in ``dst``

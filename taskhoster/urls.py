@@ -22,8 +22,10 @@ urlpatterns = [
     path("api/items/<str:item_id>/result", views.ResultView.as_view()),
     path("api/items/<str:item_id>/fail", views.FailView.as_view()),
     path("api/items/<str:item_id>/extend", views.ExtendView.as_view()),
-    path("api/schema", SpectacularAPIView.as_view(authentication_classes=[],
-                                                  permission_classes=[AllowAny])),
+    path(
+        "api/schema",
+        SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[AllowAny]),
+    ),
     path("healthz", views.HealthView.as_view()),
     path("metrics", views.MetricsView.as_view()),
 ]

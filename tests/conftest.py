@@ -73,12 +73,14 @@ def database_url() -> str:
 
 def server_env(root: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "DATABASE_URL": database_url(),
-        "TASKHOSTER_ROOT": str(root),
-        "DJANGO_SETTINGS_MODULE": "project.settings",
-        "PYTHONPATH": str(REPO),
-    })
+    env.update(
+        {
+            "DATABASE_URL": database_url(),
+            "TASKHOSTER_ROOT": str(root),
+            "DJANGO_SETTINGS_MODULE": "project.settings",
+            "PYTHONPATH": str(REPO),
+        }
+    )
     env.update(extra)
     return env
 
@@ -97,9 +99,20 @@ class Server:
     def start(self) -> Server:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                 "project.asgi:application"],
-                cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "daphne",
+                    "-b",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                    "project.asgi:application",
+                ],
+                cwd=REPO,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -141,12 +154,20 @@ def server_factory(transactional_db: None, state_root: Path) -> Iterator[Callabl
 
 
 @pytest.fixture
-def manage(transactional_db: None, state_root: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+def manage(
+    transactional_db: None, state_root: Path
+) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run ``manage.py`` in a subprocess against the test database and state root."""
 
     def run(*args: str, check: bool = True, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO,
-                              env=server_env(state_root, **env), capture_output=True, text=True,
-                              check=check, timeout=120)
+        return subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=REPO,
+            env=server_env(state_root, **env),
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=120,
+        )
 
     return run

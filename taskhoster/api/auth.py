@@ -37,8 +37,12 @@ class KeyAuthenticationScheme(OpenApiAuthenticationExtension):
     name = "tokenAuth"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
-        return {"type": "apiKey", "in": "header", "name": "Authorization",
-                "description": "`Token <key>`"}
+        return {
+            "type": "apiKey",
+            "in": "header",
+            "name": "Authorization",
+            "description": "`Token <key>`",
+        }
 
 
 class HasKey(BasePermission):

@@ -38,8 +38,12 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 class StrictJSONParser(BaseParser):
     media_type = "application/json"
 
-    def parse(self, stream: IO[bytes] | None, media_type: str | None = None,
-              parser_context: Mapping[str, Any] | None = None) -> Any:
+    def parse(
+        self,
+        stream: IO[bytes] | None,
+        media_type: str | None = None,
+        parser_context: Mapping[str, Any] | None = None,
+    ) -> Any:
         limit = int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0) or 64 * 1024 * 1024
         if stream is None:
             return None

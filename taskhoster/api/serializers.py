@@ -22,12 +22,14 @@ from ..timeutil import parse_wire, to_wire
 class StrictSerializer(serializers.Serializer):
     def to_internal_value(self, data: Any) -> Any:
         if not isinstance(data, dict):
-            raise serializers.ValidationError({"non_field_errors": ["expected a JSON object"]},
-                                              code="invalid")
+            raise serializers.ValidationError(
+                {"non_field_errors": ["expected a JSON object"]}, code="invalid"
+            )
         unknown = sorted(set(data) - set(self.fields))
         if unknown:
             raise serializers.ValidationError(
-                {name: ["unknown field"] for name in unknown}, code="unknown_field")
+                {name: ["unknown field"] for name in unknown}, code="unknown_field"
+            )
         return super().to_internal_value(data)
 
 
@@ -52,7 +54,8 @@ class WireTimeField(serializers.Field):
             return parse_wire(data)
         except (ValueError, OverflowError):
             raise serializers.ValidationError(
-                "expected an ISO-8601 UTC time such as 2026-01-31T12:00:00Z") from None
+                "expected an ISO-8601 UTC time such as 2026-01-31T12:00:00Z"
+            ) from None
 
     def to_representation(self, value: Any) -> Any:
         return to_wire(value)
@@ -105,10 +108,12 @@ class PostItemSerializer(StrictSerializer):
     payload = AnyJSONField(required=True)
     threadId = ThreadIdField(required=False, allow_null=True)
     scheduledAt = WireTimeField(required=False, allow_null=True)
-    delaySeconds = StrictNumberField(required=False, allow_null=True, min_value=0,
-                                     max_value=366 * 86400)
-    key = StringField(required=False, allow_null=True, min_length=1, max_length=200,
-                      trim_whitespace=False)
+    delaySeconds = StrictNumberField(
+        required=False, allow_null=True, min_value=0, max_value=366 * 86400
+    )
+    key = StringField(
+        required=False, allow_null=True, min_length=1, max_length=200, trim_whitespace=False
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if attrs.get("scheduledAt") is not None and attrs.get("delaySeconds") is not None:
@@ -138,20 +143,21 @@ class ResultSerializer(StrictSerializer):
 
 class FailSerializer(StrictSerializer):
     lease = StringField(max_length=64)
-    error = StringField(required=False, allow_null=True, allow_blank=True, max_length=10_000,
-                        trim_whitespace=False)
+    error = StringField(
+        required=False, allow_null=True, allow_blank=True, max_length=10_000, trim_whitespace=False
+    )
     retry = StrictBooleanField(required=False, default=True)
 
 
 class ExtendSerializer(StrictSerializer):
     lease = StringField(max_length=64)
-    seconds = StrictNumberField(required=False, allow_null=True, min_value=0.001,
-                                max_value=7 * 86400)
+    seconds = StrictNumberField(
+        required=False, allow_null=True, min_value=0.001, max_value=7 * 86400
+    )
 
 
 class BulkDeleteSerializer(StrictSerializer):
-    ids = serializers.ListField(child=StringField(max_length=64), required=False,
-                                max_length=10_000)
+    ids = serializers.ListField(child=StringField(max_length=64), required=False, max_length=10_000)
     status = serializers.ChoiceField(choices=[s.value for s in Status], required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -232,8 +238,9 @@ class ErrorSerializer(serializers.Serializer):
     error = serializers.DictField(child=serializers.CharField())
 
 
-def item_to_wire(row: Item, queue_name: str, record: dict[str, Any] | None = None, *,
-                 lease: str | None = None) -> dict[str, Any]:
+def item_to_wire(
+    row: Item, queue_name: str, record: dict[str, Any] | None = None, *, lease: str | None = None
+) -> dict[str, Any]:
     """An item as the API returns it; without ``record``, no payload or result (listings)."""
     out: dict[str, Any] = {
         "id": row.id,
@@ -242,15 +249,18 @@ def item_to_wire(row: Item, queue_name: str, record: dict[str, Any] | None = Non
     }
     if record is not None:
         out["payload"] = record.get("payload")
-    out.update({
-        "threadId": row.thread_id,
-        "scheduledAt": to_wire(row.scheduled_at),
-        "postedAt": to_wire(row.posted_at),
-        "attempts": row.attempts,
-        "leaseExpiresAt": to_wire(row.lease_expires_at) if row.status == Status.PROCESSING
-        else None,
-        "finishedAt": to_wire(row.finished_at),
-    })
+    out.update(
+        {
+            "threadId": row.thread_id,
+            "scheduledAt": to_wire(row.scheduled_at),
+            "postedAt": to_wire(row.posted_at),
+            "attempts": row.attempts,
+            "leaseExpiresAt": to_wire(row.lease_expires_at)
+            if row.status == Status.PROCESSING
+            else None,
+            "finishedAt": to_wire(row.finished_at),
+        }
+    )
     if record is not None:
         out["result"] = record.get("result") if row.status == Status.FINISHED else None
     out["error"] = row.error
@@ -272,6 +282,7 @@ def validated(serializer_class: type[serializers.Serializer], data: Any) -> dict
 
 def check_item_id(item_id: str) -> str:
     if not is_valid_id(item_id):
-        raise InvalidInput("an item id is 1-64 characters of letters, digits, '_' and '-'",
-                           code="invalid_id")
+        raise InvalidInput(
+            "an item id is 1-64 characters of letters, digits, '_' and '-'", code="invalid_id"
+        )
     return item_id

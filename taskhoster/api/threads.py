@@ -36,8 +36,12 @@ class ThreadDetailSerializer(ThreadSerializer):
 
 
 def _wire(view: ThreadView) -> dict[str, object]:
-    return {"threadId": view.thread_id, "memberCount": view.member_count, "head": view.head,
-            "processing": view.processing}
+    return {
+        "threadId": view.thread_id,
+        "memberCount": view.member_count,
+        "head": view.head,
+        "processing": view.processing,
+    }
 
 
 def _limit(request: Request) -> int:
@@ -58,9 +62,11 @@ def _check_thread_id(thread_id: str) -> str:
 
 
 class ThreadListView(APIView):
-    @extend_schema(parameters=[OpenApiParameter("cursor", str), OpenApiParameter("limit", int)],
-                   responses={200: ThreadPageSerializer, **ERRORS},
-                   summary="List live threads: head, member count, processing member")
+    @extend_schema(
+        parameters=[OpenApiParameter("cursor", str), OpenApiParameter("limit", int)],
+        responses={200: ThreadPageSerializer, **ERRORS},
+        summary="List live threads: head, member count, processing member",
+    )
     def get(self, request: Request, queue: str) -> Response:
         require(request, "produce", "manage", queue=queue)
         q = _queue_or_404(queue)
@@ -72,9 +78,11 @@ class ThreadListView(APIView):
 
 
 class ThreadDetailView(APIView):
-    @extend_schema(parameters=[OpenApiParameter("cursor", str), OpenApiParameter("limit", int)],
-                   responses={200: ThreadDetailSerializer, **ERRORS},
-                   summary="A thread and its live members in head order")
+    @extend_schema(
+        parameters=[OpenApiParameter("cursor", str), OpenApiParameter("limit", int)],
+        responses={200: ThreadDetailSerializer, **ERRORS},
+        summary="A thread and its live members in head order",
+    )
     def get(self, request: Request, queue: str, thread_id: str) -> Response:
         require(request, "produce", "manage", queue=queue)
         q = _queue_or_404(queue)
@@ -86,7 +94,13 @@ class ThreadDetailView(APIView):
             after = Item.objects.filter(id=cursor, queue=q, thread_id=thread_id).first()
             if after is None:
                 raise InvalidInput("invalid cursor", code="invalid_cursor")
-        members, last = thread_members(queue=q, thread_id=thread_id, after=after,
-                                       limit=_limit(request))
-        return Response({**_wire(view), "members": [item_to_wire(m, q.name) for m in members],
-                         "next": encode_cursor(last)})
+        members, last = thread_members(
+            queue=q, thread_id=thread_id, after=after, limit=_limit(request)
+        )
+        return Response(
+            {
+                **_wire(view),
+                "members": [item_to_wire(m, q.name) for m in members],
+                "next": encode_cursor(last),
+            }
+        )

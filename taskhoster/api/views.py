@@ -52,8 +52,12 @@ from .serializers import (
 ERRORS = {
     code: OpenApiResponse(ErrorSerializer, description=text)
     for code, text in {
-        400: "Invalid request", 401: "Missing or wrong key", 403: "Wrong scope or queue",
-        404: "Not found", 409: "Conflict", 413: "Too large",
+        400: "Invalid request",
+        401: "Missing or wrong key",
+        403: "Wrong scope or queue",
+        404: "Not found",
+        409: "Conflict",
+        413: "Too large",
     }.items()
 }
 
@@ -90,9 +94,11 @@ class QueueView(APIView):
         q = _queue_or_404(queue)
         return Response(_queue_wire(q, engine.counts_by_queue([q.id])[q.id]))
 
-    @extend_schema(request=QueueSettingsSerializer,
-                   responses={200: QueueSerializer, 201: QueueSerializer, **ERRORS},
-                   summary="Create or update a queue")
+    @extend_schema(
+        request=QueueSettingsSerializer,
+        responses={200: QueueSerializer, 201: QueueSerializer, **ERRORS},
+        summary="Create or update a queue",
+    )
     def put(self, request: Request, queue: str) -> Response:
         require(request, "manage", queue=queue)
         body = request.data
@@ -134,15 +140,18 @@ class QueueItemsView(APIView):
             OpenApiParameter("cursor", str),
             OpenApiParameter("limit", int),
         ],
-        responses={200: ItemPageSerializer, **ERRORS}, summary="List items (no payloads)")
+        responses={200: ItemPageSerializer, **ERRORS},
+        summary="List items (no payloads)",
+    )
     def get(self, request: Request, queue: str) -> Response:
         require(request, "produce", "manage", queue=queue)
         q = _queue_or_404(queue)
         params = request.query_params
         status_filter = params.get("status") or None
         if status_filter is not None and status_filter not in {s.value for s in Status}:
-            raise InvalidInput("status must be pending, processing, finished or failed",
-                               code="invalid_status")
+            raise InvalidInput(
+                "status must be pending, processing, finished or failed", code="invalid_status"
+            )
         conf = get_conf()
         try:
             limit = int(params.get("limit") or conf.page_size)
@@ -153,17 +162,26 @@ class QueueItemsView(APIView):
         thread_id = params.get("threadId") or None
         if thread_id is not None and (len(thread_id) > 200 or not thread_id.isprintable()):
             raise InvalidInput("invalid threadId", code="invalid_thread_id")
-        rows, last = engine.list_items(queue=q, status=Status(status_filter) if status_filter
-                                       else None, thread_id=thread_id,
-                                       after=_decode_cursor(params.get("cursor")), limit=limit)
-        return Response({"items": [item_to_wire(r, q.name) for r in rows],
-                         "next": _encode_cursor(last)})
+        rows, last = engine.list_items(
+            queue=q,
+            status=Status(status_filter) if status_filter else None,
+            thread_id=thread_id,
+            after=_decode_cursor(params.get("cursor")),
+            limit=limit,
+        )
+        return Response(
+            {"items": [item_to_wire(r, q.name) for r in rows], "next": _encode_cursor(last)}
+        )
 
-    @extend_schema(request=PolymorphicProxySerializer(
-                       component_name="PostItems", resource_type_field_name=None,
-                       serializers=[PostItemSerializer, PostBatchSerializer]),
-                   responses={201: ItemSerializer, 200: ItemSerializer, **ERRORS},
-                   summary="Post one item, or {items: [...]} (all or none)")
+    @extend_schema(
+        request=PolymorphicProxySerializer(
+            component_name="PostItems",
+            resource_type_field_name=None,
+            serializers=[PostItemSerializer, PostBatchSerializer],
+        ),
+        responses={201: ItemSerializer, 200: ItemSerializer, **ERRORS},
+        summary="Post one item, or {items: [...]} (all or none)",
+    )
     def post(self, request: Request, queue: str) -> Response:
         require(request, "produce", queue=queue)
         q = _queue_or_404(queue)
@@ -174,9 +192,13 @@ class QueueItemsView(APIView):
         else:
             specs = [validated(PostItemSerializer, body)]
         new = [
-            engine.NewItem(payload=s.get("payload"), thread_id=s.get("threadId"),
-                           scheduled_at=s.get("scheduledAt"), delay_seconds=s.get("delaySeconds"),
-                           key=s.get("key"))
+            engine.NewItem(
+                payload=s.get("payload"),
+                thread_id=s.get("threadId"),
+                scheduled_at=s.get("scheduledAt"),
+                delay_seconds=s.get("delaySeconds"),
+                key=s.get("key"),
+            )
             for s in specs
         ]
         posted = engine.post_items(queue_name=q.name, items=new)
@@ -188,8 +210,11 @@ class QueueItemsView(APIView):
 
 
 class BulkDeleteView(APIView):
-    @extend_schema(request=BulkDeleteSerializer, responses={200: DeletedSerializer, **ERRORS},
-                   summary="Delete items by id or by status")
+    @extend_schema(
+        request=BulkDeleteSerializer,
+        responses={200: DeletedSerializer, **ERRORS},
+        summary="Delete items by id or by status",
+    )
     def post(self, request: Request, queue: str) -> Response:
         require(request, "manage", queue=queue)
         q = _queue_or_404(queue)
@@ -203,8 +228,11 @@ class BulkDeleteView(APIView):
 
 
 class ClaimView(APIView):
-    @extend_schema(request=ClaimSerializer, responses={200: ClaimAnswerSerializer, **ERRORS},
-                   summary="Claim items (long-poll with wait)")
+    @extend_schema(
+        request=ClaimSerializer,
+        responses={200: ClaimAnswerSerializer, **ERRORS},
+        summary="Claim items (long-poll with wait)",
+    )
     def post(self, request: Request, queue: str) -> Response:
         require(request, "work", queue=queue)
         q = _queue_or_404(queue)
@@ -218,16 +246,22 @@ class ClaimView(APIView):
             if claimed or remaining <= 0:
                 break
             events.wait_for_news(seen, min(remaining, interval))
-        return Response({"items": [
-            item_to_wire(c.row, q.name, {"payload": c.payload}, lease=c.row.lease)
-            for c in claimed
-        ]})
+        return Response(
+            {
+                "items": [
+                    item_to_wire(c.row, q.name, {"payload": c.payload}, lease=c.row.lease)
+                    for c in claimed
+                ]
+            }
+        )
 
 
 class ItemView(APIView):
-    @extend_schema(parameters=[OpenApiParameter("wait", float)],
-                   responses={200: ItemSerializer, **ERRORS},
-                   summary="Get an item (long-poll for its verdict with wait)")
+    @extend_schema(
+        parameters=[OpenApiParameter("wait", float)],
+        responses={200: ItemSerializer, **ERRORS},
+        summary="Get an item (long-poll for its verdict with wait)",
+    )
     def get(self, request: Request, item_id: str) -> Response:
         check_item_id(item_id)
         require(request, "produce", queue=_item_queue_name(item_id))
@@ -236,10 +270,13 @@ class ItemView(APIView):
             try:
                 wait = float(wait_text)
             except ValueError:
-                raise InvalidInput("wait must be a number of seconds", code="invalid_wait") from None
+                raise InvalidInput(
+                    "wait must be a number of seconds", code="invalid_wait"
+                ) from None
             if not 0 <= wait <= get_conf().max_wait_seconds:
-                raise InvalidInput(f"wait must be 0..{get_conf().max_wait_seconds:g}",
-                                   code="invalid_wait")
+                raise InvalidInput(
+                    f"wait must be 0..{get_conf().max_wait_seconds:g}", code="invalid_wait"
+                )
             engine.wait_for_verdict(item_id=item_id, wait=wait)
         row, record = engine.get_item(item_id=item_id, producer_read=True)
         return Response(item_to_wire(row, row.queue.name, record))
@@ -254,8 +291,9 @@ class ItemView(APIView):
 
 
 class RestartView(APIView):
-    @extend_schema(request=None, responses={200: ItemSerializer, **ERRORS},
-                   summary="Restart a failed item")
+    @extend_schema(
+        request=None, responses={200: ItemSerializer, **ERRORS}, summary="Restart a failed item"
+    )
     def post(self, request: Request, item_id: str) -> Response:
         check_item_id(item_id)
         require(request, "manage", queue=_item_queue_name(item_id))
@@ -265,8 +303,11 @@ class RestartView(APIView):
 
 
 class ResultView(APIView):
-    @extend_schema(request=ResultSerializer, responses={200: VerdictSerializer, **ERRORS},
-                   summary="Hand in a result (first one wins)")
+    @extend_schema(
+        request=ResultSerializer,
+        responses={200: VerdictSerializer, **ERRORS},
+        summary="Hand in a result (first one wins)",
+    )
     def post(self, request: Request, item_id: str) -> Response:
         check_item_id(item_id)
         require(request, "work")
@@ -281,30 +322,41 @@ class ResultView(APIView):
 
 
 class FailView(APIView):
-    @extend_schema(request=FailSerializer, responses={200: VerdictSerializer, **ERRORS},
-                   summary="Report a failure (needs the lease)")
+    @extend_schema(
+        request=FailSerializer,
+        responses={200: VerdictSerializer, **ERRORS},
+        summary="Report a failure (needs the lease)",
+    )
     def post(self, request: Request, item_id: str) -> Response:
         check_item_id(item_id)
         require(request, "work", queue=_item_queue_name(item_id))
         body = validated(FailSerializer, request.data)
-        verdict = engine.fail(item_id=item_id, lease=body["lease"], error=body.get("error"),
-                              retry=body["retry"])
+        verdict = engine.fail(
+            item_id=item_id, lease=body["lease"], error=body.get("error"), retry=body["retry"]
+        )
         return Response({"accepted": verdict.accepted, "status": verdict.status})
 
 
 class ExtendView(APIView):
-    @extend_schema(request=ExtendSerializer, responses={200: ExtendAnswerSerializer, **ERRORS},
-                   summary="Extend a lease")
+    @extend_schema(
+        request=ExtendSerializer,
+        responses={200: ExtendAnswerSerializer, **ERRORS},
+        summary="Extend a lease",
+    )
     def post(self, request: Request, item_id: str) -> Response:
         check_item_id(item_id)
         require(request, "work", queue=_item_queue_name(item_id))
         body = validated(ExtendSerializer, request.data)
-        accepted, row = engine.extend(item_id=item_id, lease=body["lease"],
-                                      seconds=body.get("seconds"))
+        accepted, row = engine.extend(
+            item_id=item_id, lease=body["lease"], seconds=body.get("seconds")
+        )
         expires = row.lease_expires_at if row.status == Status.PROCESSING else None
-        return Response({"accepted": accepted,
-                         "leaseExpiresAt": item_to_wire(row, "")["leaseExpiresAt"]
-                         if expires else None})
+        return Response(
+            {
+                "accepted": accepted,
+                "leaseExpiresAt": item_to_wire(row, "")["leaseExpiresAt"] if expires else None,
+            }
+        )
 
 
 class HealthView(APIView):
@@ -316,8 +368,7 @@ class HealthView(APIView):
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
         root = get_conf().root
-        return Response({"status": "ok", "database": connection.vendor,
-                         "stateRoot": root.is_dir()})
+        return Response({"status": "ok", "database": connection.vendor, "stateRoot": root.is_dir()})
 
 
 class MetricsView(APIView):
@@ -327,4 +378,3 @@ class MetricsView(APIView):
     @extend_schema(responses={200: str}, summary="Prometheus metrics")
     def get(self, request: Request) -> HttpResponse:
         return HttpResponse(metrics.render(), content_type="text/plain; version=0.0.4")
-

@@ -67,13 +67,21 @@ def claim(*, queue_name: str, max_items: int = 1) -> list[Claimed]:
                         .filter(queue=queue, thread_id=row.thread_id)
                         .first()
                     )
-                    if thread is None or thread.processing_item is not None \
-                            or thread.head_item != row.id:
+                    if (
+                        thread is None
+                        or thread.processing_item is not None
+                        or thread.head_item != row.id
+                    ):
                         continue  # the thread is busy changing; another round or claim gets it
                 lease = secrets.token_urlsafe(16)
                 won = Item.objects.filter(id=row.id, status=Status.PENDING, eligible=True).update(
-                    status=Status.PROCESSING, eligible=False, attempts=F("attempts") + 1,
-                    lease=lease, lease_expires_at=expires, claimed_at=at, updated_at=at,
+                    status=Status.PROCESSING,
+                    eligible=False,
+                    attempts=F("attempts") + 1,
+                    lease=lease,
+                    lease_expires_at=expires,
+                    claimed_at=at,
+                    updated_at=at,
                 )
                 if not won:
                     continue

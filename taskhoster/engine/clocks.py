@@ -36,11 +36,14 @@ class SweepReport:
     errors: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
-        text = (f"swept {self.queues} queue(s): {self.requeued} lapsed lease(s) re-queued, "
-                f"{self.timed_out} item(s) timed out, {self.retained} done item(s) deleted")
+        text = (
+            f"swept {self.queues} queue(s): {self.requeued} lapsed lease(s) re-queued, "
+            f"{self.timed_out} item(s) timed out, {self.retained} done item(s) deleted"
+        )
         if self.errors:
             text += f"; {len(self.errors)} item(s) could not be changed: " + "; ".join(
-                self.errors[:5])
+                self.errors[:5]
+            )
         return text
 
 
@@ -50,8 +53,9 @@ def _walk(queryset: QuerySet[Item], column: str, chunk: int) -> Iterator[list[st
     while True:
         page = queryset
         if last is not None:
-            page = page.filter(Q(**{f"{column}__gt": last[0]})
-                               | Q(**{column: last[0], "id__gt": last[1]}))
+            page = page.filter(
+                Q(**{f"{column}__gt": last[0]}) | Q(**{column: last[0], "id__gt": last[1]})
+            )
         rows = list(page.order_by(column, "id").values_list(column, "id")[:chunk])
         if not rows:
             return
@@ -61,8 +65,7 @@ def _walk(queryset: QuerySet[Item], column: str, chunk: int) -> Iterator[list[st
             return
 
 
-def _apply(ids: list[str], change: Callable[..., bool], at: datetime,
-           report: SweepReport) -> int:
+def _apply(ids: list[str], change: Callable[..., bool], at: datetime, report: SweepReport) -> int:
     """Apply one clock to each item; one item that cannot be changed (say, an unreadable
     file) is logged and passed over, so it never stops the sweep for every other item."""
     done = 0
@@ -84,13 +87,17 @@ def sweep(*, at: datetime | None = None) -> SweepReport:
         report.requeued += _apply(ids, requeue_if_lapsed, at, report)
     for queue in Queue.objects.filter(deleting=False):
         report.queues += 1
-        aged = Item.objects.filter(queue=queue, status__in=LIVE_STATUSES,
-                                   posted_at__lte=at - seconds(queue.queue_seconds))
+        aged = Item.objects.filter(
+            queue=queue, status__in=LIVE_STATUSES, posted_at__lte=at - seconds(queue.queue_seconds)
+        )
         for ids in _walk(aged, "posted_at", chunk):
             report.timed_out += _apply(ids, time_out_if_aged, at, report)
         column = "finished_at" if queue.retain_from == RetainFrom.FINISHED else "fetched_at"
-        retained = Item.objects.filter(queue=queue, status__in=TERMINAL_STATUSES,
-                                       **{f"{column}__lte": at - seconds(queue.retain_seconds)})
+        retained = Item.objects.filter(
+            queue=queue,
+            status__in=TERMINAL_STATUSES,
+            **{f"{column}__lte": at - seconds(queue.retain_seconds)},
+        )
         for ids in _walk(retained, column, chunk):
             report.retained += _apply(ids, delete_if_retained, at, report)
     return report

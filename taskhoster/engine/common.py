@@ -80,8 +80,9 @@ def read_record(queue_name: str, row: Item) -> tuple[State, Record]:
     return store().read_any(queue_name, row.id, Status(row.status).state)
 
 
-def rewrite(queue_name: str, row: Item, old_state: State, *, payload: Any, result: Any = None,
-            durable: bool) -> None:
+def rewrite(
+    queue_name: str, row: Item, old_state: State, *, payload: Any, result: Any = None, durable: bool
+) -> None:
     """Write the row's new record into its state's directory, then remove the old file.
 
     The new file is written before the old one goes: a crash between leaves two files, and
@@ -89,8 +90,12 @@ def rewrite(queue_name: str, row: Item, old_state: State, *, payload: Any, resul
     """
     row.rev += 1
     new_state = Status(row.status).state
-    store().write(queue_name, new_state, [record_from_row(row, queue_name, payload=payload, result=result)],
-                  durable=durable)
+    store().write(
+        queue_name,
+        new_state,
+        [record_from_row(row, queue_name, payload=payload, result=result)],
+        durable=durable,
+    )
     if old_state is not new_state:
         store().unlink(queue_name, row.id, [old_state])
 
@@ -114,7 +119,9 @@ def lock_item(item_id: str) -> Locked | None:
     thread = None
     if thread_id is not None:
         thread = (
-            Thread.objects.select_for_update().filter(queue_id=queue_id, thread_id=thread_id).first()
+            Thread.objects.select_for_update()
+            .filter(queue_id=queue_id, thread_id=thread_id)
+            .first()
         )
     row = Item.objects.select_for_update().select_related("queue").filter(id=item_id).first()
     if row is None:

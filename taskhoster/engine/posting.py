@@ -75,8 +75,11 @@ def _post_once(queue: Queue, items: list[NewItem]) -> list[Posted]:
     keys = [i.key for i in items if i.key is not None]
     existing: dict[str, Item] = {}
     if keys:
-        existing = {row.key: row for row in Item.objects.filter(queue=queue, key__in=keys)
-                    if row.key is not None}
+        existing = {
+            row.key: row
+            for row in Item.objects.filter(queue=queue, key__in=keys)
+            if row.key is not None
+        }
     fresh = [i for i in items if i.key is None or i.key not in existing]
     # Two members of one batch with the same key are one item.
     seen: set[str] = set()
@@ -103,9 +106,19 @@ def _post_once(queue: Queue, items: list[NewItem]) -> list[Posted]:
                 code="scheduled_beyond_timeout",
             )
         row = Item(
-            id=item_id, queue=queue, status=Status.PENDING, eligible=spec.thread_id is None,
-            thread_id=spec.thread_id, key=spec.key, seq=item_id, scheduled_at=scheduled,
-            posted_at=at, attempts=0, origin=spec.origin, rev=1, updated_at=at,
+            id=item_id,
+            queue=queue,
+            status=Status.PENDING,
+            eligible=spec.thread_id is None,
+            thread_id=spec.thread_id,
+            key=spec.key,
+            seq=item_id,
+            scheduled_at=scheduled,
+            posted_at=at,
+            attempts=0,
+            origin=spec.origin,
+            rev=1,
+            updated_at=at,
         )
         rows.append(row)
         payloads[item_id] = spec.payload
@@ -122,8 +135,9 @@ def _post_once(queue: Queue, items: list[NewItem]) -> list[Posted]:
             if threaded:
                 threads = lock_threads(queue, threaded)
                 for thread_id, thread in threads.items():
-                    settle_thread(thread, queue.name,
-                                  members_delta=sum(1 for t in threaded if t == thread_id))
+                    settle_thread(
+                        thread, queue.name, members_delta=sum(1 for t in threaded if t == thread_id)
+                    )
             if len(threaded) < len(rows):
                 announce_claimable(queue.name)
     except BaseException:
@@ -159,13 +173,16 @@ def _seconds(value: float) -> timedelta:
 def restart(*, item_id: str) -> Item:
     """Rule 10: a failed item becomes a brand-new arrival in its queue (and thread)."""
     with transaction.atomic():
-        peek = Item.objects.filter(id=item_id).values_list("queue_id", "thread_id", "status").first()
+        peek = (
+            Item.objects.filter(id=item_id).values_list("queue_id", "thread_id", "status").first()
+        )
         if peek is None:
             raise ItemNotFound(f"item {item_id!r} does not exist")
         queue_id, thread_id, status = peek
         if status != Status.FAILED:
-            raise Conflict(f"only a failed item can be restarted; this one is {status}",
-                           code="not_failed")
+            raise Conflict(
+                f"only a failed item can be restarted; this one is {status}", code="not_failed"
+            )
         queue = Queue.objects.get(id=queue_id)
         threads = lock_threads(queue, [thread_id]) if thread_id is not None else {}
         locked = lock_item(item_id)
@@ -173,8 +190,9 @@ def restart(*, item_id: str) -> Item:
             raise ItemNotFound(f"item {item_id!r} does not exist")
         row = locked.row
         if row.status != Status.FAILED:
-            raise Conflict(f"only a failed item can be restarted; this one is {row.status}",
-                           code="not_failed")
+            raise Conflict(
+                f"only a failed item can be restarted; this one is {row.status}", code="not_failed"
+            )
         old_state, record = read_record(queue.name, row)
         at = utcnow()
         row.status = Status.PENDING

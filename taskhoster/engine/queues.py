@@ -41,14 +41,18 @@ SETTINGS = (
     Setting("backoffMaxSeconds", "backoff_max_seconds", 0, 7 * DAY),
 )
 WIRE_TO_FIELD = {s.wire: s.field for s in SETTINGS} | {
-    "retainFrom": "retain_from", "deadLetterQueue": "dead_letter_queue"}
+    "retainFrom": "retain_from",
+    "deadLetterQueue": "dead_letter_queue",
+}
 
 
 def validate_queue_name(name: object) -> str:
     if not isinstance(name, str) or QUEUE_NAME_PATTERN.fullmatch(name) is None:
         raise InvalidInput(
             "a queue name is 1-64 characters of letters, digits, '_', '.' and '-', starting "
-            "with a letter or digit", code="invalid_queue_name")
+            "with a letter or digit",
+            code="invalid_queue_name",
+        )
     return name
 
 
@@ -66,15 +70,21 @@ def clean_settings(queue_name: str, body: dict[str, Any]) -> dict[str, Any]:
             values[setting.field] = None
             continue
         kind = "an integer" if setting.integer else "a number"
-        if isinstance(value, bool) or not isinstance(value, int | float) \
-                or (setting.integer and not isinstance(value, int)) \
-                or (isinstance(value, float) and not math.isfinite(value)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or (setting.integer and not isinstance(value, int))
+            or (isinstance(value, float) and not math.isfinite(value))
+        ):
             raise InvalidInput(f"{setting.wire} must be {kind}", code="invalid_setting")
         low_ok = value > setting.minimum if setting.exclusive_minimum else value >= setting.minimum
         if not low_ok or value > setting.maximum:
             bound = "greater than" if setting.exclusive_minimum else "at least"
-            raise InvalidInput(f"{setting.wire} must be {bound} {setting.minimum:g} and at most "
-                               f"{setting.maximum:g}", code="invalid_setting")
+            raise InvalidInput(
+                f"{setting.wire} must be {bound} {setting.minimum:g} and at most "
+                f"{setting.maximum:g}",
+                code="invalid_setting",
+            )
         values[setting.field] = int(value) if setting.integer else float(value)
     if "retainFrom" in body:
         if body["retainFrom"] not in {r.value for r in RetainFrom}:
@@ -85,11 +95,13 @@ def clean_settings(queue_name: str, body: dict[str, Any]) -> dict[str, Any]:
         if dlq is not None:
             validate_queue_name(dlq)
             if dlq == queue_name:
-                raise InvalidInput("a queue cannot be its own deadLetterQueue",
-                                   code="invalid_setting")
+                raise InvalidInput(
+                    "a queue cannot be its own deadLetterQueue", code="invalid_setting"
+                )
             if not Queue.objects.filter(name=dlq, deleting=False).exists():
-                raise InvalidInput(f"deadLetterQueue {dlq!r} does not exist",
-                                   code="invalid_setting")
+                raise InvalidInput(
+                    f"deadLetterQueue {dlq!r} does not exist", code="invalid_setting"
+                )
         values["dead_letter_queue"] = dlq
     return values
 
@@ -109,8 +121,9 @@ def upsert_queue(*, name: str, body: dict[str, Any]) -> tuple[Queue, bool]:
             for field, value in values.items():
                 setattr(queue, field, value)
             if queue.backoff_max_seconds < queue.backoff_seconds:
-                raise InvalidInput("backoffMaxSeconds must be at least backoffSeconds",
-                                   code="invalid_setting")
+                raise InvalidInput(
+                    "backoffMaxSeconds must be at least backoffSeconds", code="invalid_setting"
+                )
             queue.save()
             write_queue_settings(store(), name, queue_settings(queue, wire=False))
     except IntegrityError:

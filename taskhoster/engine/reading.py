@@ -49,8 +49,9 @@ def wait_for_verdict(*, item_id: str, wait: float) -> None:
         events.wait_for_news(seen, min(remaining, interval))
 
 
-def list_items(*, queue: Queue, status: Status | None, thread_id: str | None,
-               after: str | None, limit: int) -> tuple[list[Item], str | None]:
+def list_items(
+    *, queue: Queue, status: Status | None, thread_id: str | None, after: str | None, limit: int
+) -> tuple[list[Item], str | None]:
     """A page of items in id order (arrival), and the id to continue after, if any."""
     rows = Item.objects.filter(queue=queue)
     if status is not None:
@@ -67,8 +68,11 @@ def list_items(*, queue: Queue, status: Status | None, thread_id: str | None,
 
 def counts_by_queue(queue_ids: list[int]) -> dict[int, dict[str, int]]:
     counts: dict[int, dict[str, int]] = {q: {s.value: 0 for s in Status} for q in queue_ids}
-    for row in (Item.objects.filter(queue_id__in=queue_ids).values("queue_id", "status")
-                .annotate(n=Count("id"))):
+    for row in (
+        Item.objects.filter(queue_id__in=queue_ids)
+        .values("queue_id", "status")
+        .annotate(n=Count("id"))
+    ):
         counts[row["queue_id"]][row["status"]] = row["n"]
     return counts
 

@@ -50,10 +50,12 @@ class RepairReport:
     threads_rebuilt: int = 0
 
     def __str__(self) -> str:
-        text = (f"repair: {self.queues_restored} queue(s) restored, {self.rows_added} row(s) "
-                f"added, {self.rows_corrected} corrected, {self.rows_removed} removed, "
-                f"{self.stale_files_removed} stale file(s) removed, {self.threads_rebuilt} "
-                f"thread(s) rebuilt")
+        text = (
+            f"repair: {self.queues_restored} queue(s) restored, {self.rows_added} row(s) "
+            f"added, {self.rows_corrected} corrected, {self.rows_removed} removed, "
+            f"{self.stale_files_removed} stale file(s) removed, {self.threads_rebuilt} "
+            f"thread(s) rebuilt"
+        )
         if self.unreadable_files:
             text += f", {len(self.unreadable_files)} unreadable file(s) left in place"
         return text
@@ -101,8 +103,7 @@ def _repair_queue(queue: Queue, grace: float, report: RepairReport) -> None:
     for item_id, files in by_id.items():
         try:
             # a claim renames without rewriting: a rename changes ctime, not mtime
-            if max(max(s.st_mtime, s.st_ctime) for s in (f.path.stat() for f in files)) \
-                    >= cutoff:
+            if max(max(s.st_mtime, s.st_ctime) for s in (f.path.stat() for f in files)) >= cutoff:
                 continue
         except OSError:
             continue  # moved while we looked: in flight
@@ -131,8 +132,12 @@ def _repair_item(queue: Queue, item_id: str, found: list[FoundFile], report: Rep
     row = Item.objects.filter(id=item_id).first()
     if row is not None and row.status == status and row.rev == int(record.get("rev", 0)):
         return
-    if row is not None and row.status == Status.PENDING and state is State.PROCESSING \
-            and row.rev == int(record.get("rev", 0)):
+    if (
+        row is not None
+        and row.status == Status.PENDING
+        and state is State.PROCESSING
+        and row.rev == int(record.get("rev", 0))
+    ):
         # A claim renamed the file but never committed, so never answered: no worker holds
         # the item. Undo the rename rather than count (and maybe die of) an unseen claim.
         with contextlib.suppress(StoreError):
@@ -161,8 +166,9 @@ def _time(value: Any) -> Any:
     return parse_wire(value) if value else None
 
 
-def _fields_from_record(queue: Queue, state: State, status: Status,
-                        record: Record) -> dict[str, Any]:
+def _fields_from_record(
+    queue: Queue, state: State, status: Status, record: Record
+) -> dict[str, Any]:
     at = utcnow()
     attempts = int(record.get("attempts") or 0)
     if state is State.PROCESSING:
@@ -190,43 +196,58 @@ def _fields_from_record(queue: Queue, state: State, status: Status,
     }
 
 
-def _drop_rows_without_files(queue: Queue, on_disk: set[str], grace: float,
-                             report: RepairReport) -> None:
+def _drop_rows_without_files(
+    queue: Queue, on_disk: set[str], grace: float, report: RepairReport
+) -> None:
     cutoff = utcnow() - timedelta(seconds=grace)
     missing = [
         item_id
         for item_id in Item.objects.filter(queue=queue, updated_at__lt=cutoff)
-        .values_list("id", flat=True).iterator(chunk_size=2000)
+        .values_list("id", flat=True)
+        .iterator(chunk_size=2000)
         if item_id not in on_disk
     ]
     for start in range(0, len(missing), 500):
-        chunk = missing[start:start + 500]
+        chunk = missing[start : start + 500]
         report.rows_removed += Item.objects.filter(id__in=chunk).delete()[0]
 
 
 def rebuild_threads(queue: Queue) -> int:
     """Recompute eligibility and every thread row of the queue from the item rows."""
     with transaction.atomic():
-        Item.objects.filter(queue=queue, thread_id__isnull=True, status=Status.PENDING,
-                            eligible=False).update(eligible=True)
+        Item.objects.filter(
+            queue=queue, thread_id__isnull=True, status=Status.PENDING, eligible=False
+        ).update(eligible=True)
         Item.objects.filter(queue=queue, eligible=True).exclude(status=Status.PENDING).update(
-            eligible=False)
+            eligible=False
+        )
         Item.objects.filter(queue=queue, thread_id__isnull=False, eligible=True).update(
-            eligible=False)
+            eligible=False
+        )
         Thread.objects.filter(queue=queue).delete()
-        members = (Item.objects.filter(queue=queue, thread_id__isnull=False,
-                                       status__in=LIVE_STATUSES)
-                   .values("thread_id").annotate(n=Count("id")))
+        members = (
+            Item.objects.filter(queue=queue, thread_id__isnull=False, status__in=LIVE_STATUSES)
+            .values("thread_id")
+            .annotate(n=Count("id"))
+        )
         rebuilt = 0
         for entry in members:
             thread_id = str(entry["thread_id"])
-            processing = (Item.objects.filter(queue=queue, thread_id=thread_id,
-                                              status=Status.PROCESSING)
-                          .order_by("id").values_list("id", flat=True).first())
+            processing = (
+                Item.objects.filter(queue=queue, thread_id=thread_id, status=Status.PROCESSING)
+                .order_by("id")
+                .values_list("id", flat=True)
+                .first()
+            )
             head = None if processing else first_pending_member(queue.id, thread_id)
             if head is not None:
                 Item.objects.filter(id=head).update(eligible=True)
-            Thread.objects.create(queue=queue, thread_id=thread_id, member_count=entry["n"],
-                                  processing_item=processing, head_item=head)
+            Thread.objects.create(
+                queue=queue,
+                thread_id=thread_id,
+                member_count=entry["n"],
+                processing_item=processing,
+                head_item=head,
+            )
             rebuilt += 1
         return rebuilt

@@ -30,8 +30,9 @@ def _view(thread: Thread) -> ThreadView:
     return ThreadView(thread.thread_id, thread.member_count, head, thread.processing_item)
 
 
-def list_threads(*, queue: Queue, after: str | None, limit: int
-                 ) -> tuple[list[ThreadView], str | None]:
+def list_threads(
+    *, queue: Queue, after: str | None, limit: int
+) -> tuple[list[ThreadView], str | None]:
     rows = Thread.objects.filter(queue=queue)
     if after is not None:
         rows = rows.filter(thread_id__gt=after)
@@ -44,13 +45,16 @@ def list_threads(*, queue: Queue, after: str | None, limit: int
 def get_thread(*, queue: Queue, thread_id: str) -> ThreadView:
     thread = Thread.objects.filter(queue=queue, thread_id=thread_id).first()
     if thread is None:
-        raise NotFound(f"thread {thread_id!r} has no live member in queue {queue.name!r}",
-                       code="thread_not_found")
+        raise NotFound(
+            f"thread {thread_id!r} has no live member in queue {queue.name!r}",
+            code="thread_not_found",
+        )
     return _view(thread)
 
 
-def thread_members(*, queue: Queue, thread_id: str, after: Item | None, limit: int
-                   ) -> tuple[list[Item], str | None]:
+def thread_members(
+    *, queue: Queue, thread_id: str, after: Item | None, limit: int
+) -> tuple[list[Item], str | None]:
     """Live members in head order: the processing member first, then pending ones by
     ``scheduled_at`` and arrival. ``after`` continues a page from that member."""
     rows = Item.objects.filter(queue=queue, thread_id=thread_id)
@@ -61,7 +65,8 @@ def thread_members(*, queue: Queue, thread_id: str, after: Item | None, limit: i
     else:
         pending = rows.filter(status=Status.PENDING).filter(
             Q(scheduled_at__gt=after.scheduled_at)
-            | Q(scheduled_at=after.scheduled_at, seq__gt=after.seq))
+            | Q(scheduled_at=after.scheduled_at, seq__gt=after.seq)
+        )
     page.extend(pending.order_by("scheduled_at", "seq")[: max(0, limit + 1 - len(page))])
     more = len(page) > limit
     page = page[:limit]

@@ -76,8 +76,14 @@ def submit_result(*, item_id: str, result: Any) -> Verdict:
             return Verdict(False, row.status, row)
         old_state, record = _read_or_forget(locked)
         _finish_row(row, Status.FINISHED, error=None)
-        rewrite(locked.queue.name, row, old_state, payload=record.get("payload"), result=result,
-                durable=True)
+        rewrite(
+            locked.queue.name,
+            row,
+            old_state,
+            payload=record.get("payload"),
+            result=result,
+            durable=True,
+        )
         crash_point("result.after_done_file")
         row.save()
         leave_thread(locked.thread, locked.queue.name, row.id)
@@ -127,8 +133,11 @@ def requeue_if_lapsed(*, item_id: str, at: datetime) -> bool:
         if locked is None:
             return False
         row = locked.row
-        if row.status != Status.PROCESSING or row.lease_expires_at is None \
-                or row.lease_expires_at > at:
+        if (
+            row.status != Status.PROCESSING
+            or row.lease_expires_at is None
+            or row.lease_expires_at > at
+        ):
             return False
         if attempts_exhausted(locked.queue, row.attempts):
             _die(locked, at=at, error=LEASE_EXPIRED)
@@ -144,8 +153,10 @@ def time_out_if_aged(*, item_id: str, at: datetime) -> bool:
         if locked is None:
             return False
         row = locked.row
-        if Status(row.status).is_terminal \
-                or row.posted_at + seconds(locked.queue.queue_seconds) > at:
+        if (
+            Status(row.status).is_terminal
+            or row.posted_at + seconds(locked.queue.queue_seconds) > at
+        ):
             return False
         was_processing = row.status == Status.PROCESSING
         try:
@@ -163,7 +174,9 @@ def time_out_if_aged(*, item_id: str, at: datetime) -> bool:
         return True
 
 
-def _finish_row(row: Item, status: Status, *, error: str | None, at: datetime | None = None) -> None:
+def _finish_row(
+    row: Item, status: Status, *, error: str | None, at: datetime | None = None
+) -> None:
     at = at or utcnow()
     row.status = status
     row.eligible = False
@@ -212,15 +225,23 @@ def _die(locked: Locked, *, at: datetime, error: str) -> None:
     payload = record.get("payload")
     _finish_row(row, Status.FAILED, error=error, at=at)
     dlq_name = locked.queue.dead_letter_queue
-    if dlq_name and dlq_name != locked.queue.name \
-            and Queue.objects.filter(name=dlq_name, deleting=False).exists():
-        origin = {"queue": locked.queue.name, "id": row.id, "error": error,
-                  "attempts": row.attempts}
+    if (
+        dlq_name
+        and dlq_name != locked.queue.name
+        and Queue.objects.filter(name=dlq_name, deleting=False).exists()
+    ):
+        origin = {
+            "queue": locked.queue.name,
+            "id": row.id,
+            "error": error,
+            "attempts": row.attempts,
+        }
         # The key makes the copy once per death: a death repeated after a crash (whose
         # first copy was already written) finds that copy instead of making a second.
         key = f"dead-letter:{row.id}:{row.seq}"
-        copy = post_items(queue_name=dlq_name,
-                          items=[NewItem(payload=payload, origin=origin, key=key)])
+        copy = post_items(
+            queue_name=dlq_name, items=[NewItem(payload=payload, origin=origin, key=key)]
+        )
         row.dead_letter = copy[0].row.id
     rewrite(locked.queue.name, row, old_state, payload=payload, durable=True)
     row.save()

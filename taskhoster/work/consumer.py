@@ -70,8 +70,11 @@ class WorkConsumer(AsyncWebsocketConsumer):
         principal = await run_sync(authenticate, secret) if secret else None
         await self.accept()
         if principal is None:
-            await self._refuse(CLOSE_UNAUTHORIZED, "unauthorized",
-                               "send 'Authorization: Token <key>' with a valid key")
+            await self._refuse(
+                CLOSE_UNAUTHORIZED,
+                "unauthorized",
+                "send 'Authorization: Token <key>' with a valid key",
+            )
             return
         if not principal.has_scope("work"):
             await self._refuse(CLOSE_FORBIDDEN, "forbidden", "this key needs the work scope")
@@ -90,8 +93,12 @@ class WorkConsumer(AsyncWebsocketConsumer):
         held, self.held = self.held, {}
         for item_id, lease in held.items():
             try:
-                await run_sync(engine.requeue_held, item_id=item_id, lease=lease,
-                               cause=engine.WORKER_DISCONNECTED)
+                await run_sync(
+                    engine.requeue_held,
+                    item_id=item_id,
+                    lease=lease,
+                    cause=engine.WORKER_DISCONNECTED,
+                )
             except Exception:
                 log.exception("could not re-queue %s after its socket closed", item_id)
 
@@ -135,15 +142,23 @@ class WorkConsumer(AsyncWebsocketConsumer):
 
     async def _on_subscribe(self, message: dict[str, Any]) -> None:
         queues, capacity = message["queues"], message["capacity"]
-        if not isinstance(queues, list) or not 1 <= len(queues) <= MAX_SUBSCRIBED_QUEUES or \
-                not all(isinstance(q, str) and QUEUE_NAME_PATTERN.fullmatch(q) for q in queues):
-            raise InvalidInput(f"queues must be 1-{MAX_SUBSCRIBED_QUEUES} queue names",
-                               code="invalid_queues")
+        if (
+            not isinstance(queues, list)
+            or not 1 <= len(queues) <= MAX_SUBSCRIBED_QUEUES
+            or not all(isinstance(q, str) and QUEUE_NAME_PATTERN.fullmatch(q) for q in queues)
+        ):
+            raise InvalidInput(
+                f"queues must be 1-{MAX_SUBSCRIBED_QUEUES} queue names", code="invalid_queues"
+            )
         max_capacity = get_conf().max_capacity
-        if isinstance(capacity, bool) or not isinstance(capacity, int) \
-                or not 0 <= capacity <= max_capacity:
-            raise InvalidInput(f"capacity must be an integer 0..{max_capacity}",
-                               code="invalid_capacity")
+        if (
+            isinstance(capacity, bool)
+            or not isinstance(capacity, int)
+            or not 0 <= capacity <= max_capacity
+        ):
+            raise InvalidInput(
+                f"capacity must be an integer 0..{max_capacity}", code="invalid_capacity"
+            )
         assert self.principal is not None
         refused = [q for q in queues if not self.principal.may_use(q)]
         if refused:
@@ -166,8 +181,9 @@ class WorkConsumer(AsyncWebsocketConsumer):
         # Free the slot first, so the verdict's own news is not taken for a cancel.
         self.held.pop(item_id, None)
         try:
-            verdict = await run_sync(engine.submit_result, item_id=item_id,
-                                     result=message["result"])
+            verdict = await run_sync(
+                engine.submit_result, item_id=item_id, result=message["result"]
+            )
         except ItemNotFound:
             if item_id not in self.cancelled:
                 raise
@@ -175,15 +191,17 @@ class WorkConsumer(AsyncWebsocketConsumer):
             return
         finally:
             self._slot_freed()
-        await self._send({"type": "ack", "id": item_id, "accepted": verdict.accepted,
-                          "status": verdict.status})
+        await self._send(
+            {"type": "ack", "id": item_id, "accepted": verdict.accepted, "status": verdict.status}
+        )
 
     async def _on_fail(self, message: dict[str, Any]) -> None:
         item_id = message["id"]
         error, retry = message.get("error"), message.get("retry", True)
         if error is not None and (not isinstance(error, str) or len(error) > 10_000):
-            raise InvalidInput("error must be a string of at most 10000 characters",
-                               code="invalid_error")
+            raise InvalidInput(
+                "error must be a string of at most 10000 characters", code="invalid_error"
+            )
         if not isinstance(retry, bool):
             raise InvalidInput("retry must be true or false", code="invalid_retry")
         lease = self.held.get(item_id)
@@ -192,31 +210,39 @@ class WorkConsumer(AsyncWebsocketConsumer):
             return
         self.held.pop(item_id, None)
         try:
-            verdict = await run_sync(engine.fail, item_id=item_id, lease=lease, error=error,
-                                     retry=retry)
+            verdict = await run_sync(
+                engine.fail, item_id=item_id, lease=lease, error=error, retry=retry
+            )
         except ItemNotFound:
             self._slot_freed()
             raise
         self._slot_freed()
-        await self._send({"type": "ack", "id": item_id, "accepted": verdict.accepted,
-                          "status": verdict.status})
+        await self._send(
+            {"type": "ack", "id": item_id, "accepted": verdict.accepted, "status": verdict.status}
+        )
 
     async def _on_extend(self, message: dict[str, Any]) -> None:
         item_id, seconds = message["id"], message.get("seconds")
-        if seconds is not None and (isinstance(seconds, bool)
-                                    or not isinstance(seconds, int | float) or seconds <= 0):
+        if seconds is not None and (
+            isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0
+        ):
             raise InvalidInput("seconds must be a positive number", code="invalid_seconds")
         lease = self.held.get(item_id)
         if lease is None:
             await self._send({"type": "ack", "id": item_id, "accepted": False})
             return
-        accepted, row = await run_sync(engine.extend, item_id=item_id, lease=lease,
-                                       seconds=seconds)
+        accepted, row = await run_sync(engine.extend, item_id=item_id, lease=lease, seconds=seconds)
         if not accepted:
             self.held.pop(item_id, None)  # the lease lapsed and was re-queued: not ours now
             self._slot_freed()
-        await self._send({"type": "ack", "id": item_id, "accepted": accepted,
-                          "leaseExpiresAt": to_wire(row.lease_expires_at) if accepted else None})
+        await self._send(
+            {
+                "type": "ack",
+                "id": item_id,
+                "accepted": accepted,
+                "leaseExpiresAt": to_wire(row.lease_expires_at) if accepted else None,
+            }
+        )
 
     def _slot_freed(self) -> None:
         if self.dispatcher is not None:
@@ -231,12 +257,19 @@ class WorkConsumer(AsyncWebsocketConsumer):
             return False
         self.held[row.id] = row.lease
         try:
-            await self._send({
-                "type": "item", "id": row.id, "queue": self.queue_name_of(claimed),
-                "payload": claimed.payload, "attempts": row.attempts, "threadId": row.thread_id,
-                "scheduledAt": to_wire(row.scheduled_at),
-                "leaseExpiresAt": to_wire(row.lease_expires_at), "lease": row.lease,
-            })
+            await self._send(
+                {
+                    "type": "item",
+                    "id": row.id,
+                    "queue": self.queue_name_of(claimed),
+                    "payload": claimed.payload,
+                    "attempts": row.attempts,
+                    "threadId": row.thread_id,
+                    "scheduledAt": to_wire(row.scheduled_at),
+                    "leaseExpiresAt": to_wire(row.lease_expires_at),
+                    "lease": row.lease,
+                }
+            )
         except Exception:
             self.held.pop(row.id, None)
             return False
@@ -264,8 +297,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
 
 
 def _live_queue_names(names: list[str]) -> list[str]:
-    return list(Queue.objects.filter(name__in=names, deleting=False)
-                .values_list("name", flat=True))
+    return list(Queue.objects.filter(name__in=names, deleting=False).values_list("name", flat=True))
 
 
 def _check_size(value: Any, what: str) -> None:

@@ -131,9 +131,10 @@ class Dispatcher:
         try:
             while True:
                 self.dirty.discard(queue)
-                wanting = sorted((w for w in self.workers
-                                  if queue in w.queues and self._free(w) > 0),
-                                 key=lambda w: w.last_served)
+                wanting = sorted(
+                    (w for w in self.workers if queue in w.queues and self._free(w) > 0),
+                    key=lambda w: w.last_served,
+                )
                 if not wanting:
                     return
                 shares: dict[Worker, int] = {}
@@ -175,8 +176,12 @@ class Dispatcher:
                         break
             if not placed:
                 lease = item.row.lease or ""
-                await run_sync(engine.requeue_held, item_id=item.row.id, lease=lease,
-                               cause=engine.WORKER_DISCONNECTED)
+                await run_sync(
+                    engine.requeue_held,
+                    item_id=item.row.id,
+                    lease=lease,
+                    cause=engine.WORKER_DISCONNECTED,
+                )
 
     # -- delayed items and the backstop ----------------------------------------------------
 

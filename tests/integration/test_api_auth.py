@@ -65,8 +65,9 @@ def client_with(make_key: Callable[..., str], world: World) -> Callable[..., API
     """A client sending ``Authorization: <header>``, or a fresh key's ``Token`` header; the
     world is re-frozen after the key exists, so the key itself is not a change."""
 
-    def make(scopes: str | None = None, queues: list[str] | None = None, *,
-             header: str | None = None) -> APIClient:
+    def make(
+        scopes: str | None = None, queues: list[str] | None = None, *, header: str | None = None
+    ) -> APIClient:
         client = APIClient()
         if header is None and scopes is not None:
             header = f"Token {make_key(scopes, queues)}"
@@ -98,10 +99,20 @@ def test_a_call_without_a_key_is_refused_with_401(world, client_with, name):
 
 
 @pytest.mark.parametrize("name", sorted(ENDPOINTS))
-@pytest.mark.parametrize("scheme", ["Bearer {key}", "Basic {basic}", "{key}", "Token",
-                                    "Token ", "Token {key} extra", "Tokens {key}", "Key {key}"])
-def test_a_key_in_the_wrong_scheme_is_refused_with_401(world, client_with, make_key, name,
-                                                       scheme):
+@pytest.mark.parametrize(
+    "scheme",
+    [
+        "Bearer {key}",
+        "Basic {basic}",
+        "{key}",
+        "Token",
+        "Token ",
+        "Token {key} extra",
+        "Tokens {key}",
+        "Key {key}",
+    ],
+)
+def test_a_key_in_the_wrong_scheme_is_refused_with_401(world, client_with, make_key, name, scheme):
     key = make_key()
     basic = base64.b64encode(f"user:{key}".encode()).decode()
     client = client_with(header=scheme.format(key=key, basic=basic))
@@ -109,12 +120,14 @@ def test_a_key_in_the_wrong_scheme_is_refused_with_401(world, client_with, make_
 
 
 @pytest.mark.parametrize("name", sorted(ENDPOINTS))
-@pytest.mark.parametrize("wrong", ["th_not-a-key", "{key}x", "{prefix}", "{upper}", "x" * 500,
-                                   "{hash}"])
+@pytest.mark.parametrize(
+    "wrong", ["th_not-a-key", "{key}x", "{prefix}", "{upper}", "x" * 500, "{hash}"]
+)
 def test_a_wrong_key_is_refused_with_401(world, client_with, make_key, name, wrong):
     key = make_key()
-    header = "Token " + wrong.format(key=key, prefix=key[:10], upper=key.upper(),
-                                     hash=hashlib.sha256(key.encode()).hexdigest())
+    header = "Token " + wrong.format(
+        key=key, prefix=key[:10], upper=key.upper(), hash=hashlib.sha256(key.encode()).hexdigest()
+    )
     unauthorized(world, call(world, client_with(header=header), name))
 
 
@@ -124,7 +137,8 @@ def test_a_revoked_key_is_refused_with_401(world, client_with, make_key, name):
     client = client_with(header=f"Token {key}")
     assert call(world, client, "list_queues").status_code == 200
     ApiKey.objects.filter(key_hash=hashlib.sha256(key.encode()).hexdigest()).update(
-        revoked_at=timezone.now())
+        revoked_at=timezone.now()
+    )
     world.freeze()
     unauthorized(world, call(world, client, name))
 
@@ -215,7 +229,7 @@ def test_keys_are_stored_only_as_a_hash(world, make_key):
     stored = " ".join(str(v) for v in ApiKey.objects.filter(id=row.id).values().first().values())
     assert key not in stored
     assert key[10:] not in stored
-    assert row.prefix == key[:len(row.prefix)]
+    assert row.prefix == key[: len(row.prefix)]
     assert len(row.prefix) < len(key) // 2
     for path in world.root.rglob("*"):
         if path.is_file():
@@ -245,14 +259,15 @@ def test_createkey_prints_the_key_alone_and_it_works(manage, make_queue):
     client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     posted = client.post("/api/queues/q/items", {"payload": 1}, format="json")
     assert posted.status_code == 201, posted.content
-    assert client.post("/api/queues/other/items", {"payload": 1},
-                       format="json").status_code == 403
+    assert client.post("/api/queues/other/items", {"payload": 1}, format="json").status_code == 403
     assert client.post("/api/queues/q/claim", {}, format="json").status_code == 403
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args", [["--scopes", "produce,admin"], ["--scopes", ""],
-                                  ["--scopes", "work", "--queues", "../etc"]])
+@pytest.mark.parametrize(
+    "args",
+    [["--scopes", "produce,admin"], ["--scopes", ""], ["--scopes", "work", "--queues", "../etc"]],
+)
 def test_createkey_refuses_bad_arguments_and_prints_no_key(manage, args):
     done = manage("createkey", "--name", "bad", *args, check=False)
     assert done.returncode != 0
@@ -264,8 +279,9 @@ def test_createkey_refuses_bad_arguments_and_prints_no_key(manage, args):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("path", ["/admin/", "/admin/taskhoster/item/",
-                                  "/admin/taskhoster/apikey/"])
+@pytest.mark.parametrize(
+    "path", ["/admin/", "/admin/taskhoster/item/", "/admin/taskhoster/apikey/"]
+)
 def test_the_admin_sends_anonymous_users_to_its_login(client, path):
     response = client.get(path)
     assert response.status_code == 302
@@ -285,8 +301,10 @@ def test_the_admin_refuses_a_logged_in_non_staff_user(client, django_user_model)
 @pytest.mark.django_db
 def test_the_admin_login_refuses_non_staff_credentials(client, django_user_model):
     django_user_model.objects.create_user("worker", "w@example.com", "pw-123456")
-    response = client.post("/admin/login/?next=/admin/",
-                           {"username": "worker", "password": "pw-123456", "next": "/admin/"})
+    response = client.post(
+        "/admin/login/?next=/admin/",
+        {"username": "worker", "password": "pw-123456", "next": "/admin/"},
+    )
     assert response.status_code == 200  # the form again, with an error
     assert b"staff account" in response.content
     assert client.get("/admin/").status_code == 302

@@ -72,8 +72,12 @@ class World:
         if isinstance(value, str):
             if value == LEASE:
                 return self.lease
-            return value.format(**{k: getattr(self, k) for k in (
-                "pending", "threaded", "processing", "finished", "failed", "other")})
+            return value.format(
+                **{
+                    k: getattr(self, k)
+                    for k in ("pending", "threaded", "processing", "finished", "failed", "other")
+                }
+            )
         if isinstance(value, dict):
             return {k: self.fill(v) for k, v in value.items()}
         if isinstance(value, list):
@@ -114,8 +118,14 @@ def build_world(api: APIClient, make_queue: Any, state_root: Path) -> World:
     _ok(api.post(f"/api/items/{w.finished}/result", {"result": "r"}, format="json"), 200)
     w.failed = post({"payload": "failed"})
     failing = claim_one()
-    _ok(api.post(f"/api/items/{w.failed}/fail",
-                 {"lease": failing["lease"], "error": "x", "retry": False}, format="json"), 200)
+    _ok(
+        api.post(
+            f"/api/items/{w.failed}/fail",
+            {"lease": failing["lease"], "error": "x", "retry": False},
+            format="json",
+        ),
+        200,
+    )
     w.processing = post({"payload": "processing"})
     held = claim_one()
     assert held["id"] == w.processing
@@ -127,8 +137,9 @@ def build_world(api: APIClient, make_queue: Any, state_root: Path) -> World:
     return w
 
 
-def refused(world: World, response: Any,
-            status: int | tuple[int, ...] | None = None) -> dict[str, str]:
+def refused(
+    world: World, response: Any, status: int | tuple[int, ...] | None = None
+) -> dict[str, str]:
     """Assert a 4xx JSON error of the contract's shape and that nothing changed."""
     assert 400 <= response.status_code < 500, (response.status_code, response.content)
     if status is not None:
@@ -149,8 +160,16 @@ def refused(world: World, response: Any,
     return dict(body["error"])
 
 
-def send(world: World, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
-         content_type: str = "application/json", client: Any = None) -> Any:
+def send(
+    world: World,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    raw: bytes | None = None,
+    content_type: str = "application/json",
+    client: Any = None,
+) -> Any:
     path = world.fill(path)
     if raw is not None:
         data = raw
@@ -233,8 +252,14 @@ def test_malformed_json_is_refused_with_400(world, endpoint, kind):
     refused(world, send(world, method, path, raw=MALFORMED[kind]), 400)
 
 
-NON_OBJECTS = {"array": [], "list_of_object": [{"payload": 1}], "string": "x", "number": 1,
-               "null": None, "true": True}
+NON_OBJECTS = {
+    "array": [],
+    "list_of_object": [{"payload": 1}],
+    "string": "x",
+    "number": 1,
+    "null": None,
+    "true": True,
+}
 
 
 @pytest.mark.parametrize("endpoint", sorted(BODY_ENDPOINTS))
@@ -245,8 +270,10 @@ def test_non_object_body_is_refused_with_400(world, endpoint, kind):
     refused(world, send(world, method, path, raw=raw), 400)
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded",
-                                          "multipart/form-data; boundary=x"])
+@pytest.mark.parametrize(
+    "content_type",
+    ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"],
+)
 @pytest.mark.parametrize("endpoint", sorted(BODY_ENDPOINTS))
 def test_body_that_is_not_json_media_type_is_refused_with_415(world, endpoint, content_type):
     method, path, body = BODY_ENDPOINTS[endpoint]
@@ -519,9 +546,32 @@ def test_result_for_an_unknown_item_is_not_accepted_and_changes_nothing(world):
 # -- names and ids aimed at paths --------------------------------------------------------------
 
 BAD_QUEUE_NAMES = [
-    "..", "%2e%2e", "%2E%2E", ".", "%2e", ".hidden", "-lead", "_lead", "a/b", "a%2Fb", "%2F",
-    "..%2F..%2Fetc", "%2e%2e%2fescape", "%00", "a%00b", "q%00", "a%5Cb", "..%5C..", "%C3%A9",
-    "a%20b", "%20", "~root", "a*b", "a%0Ab", "x" * 65, "%2e" * 3,
+    "..",
+    "%2e%2e",
+    "%2E%2E",
+    ".",
+    "%2e",
+    ".hidden",
+    "-lead",
+    "_lead",
+    "a/b",
+    "a%2Fb",
+    "%2F",
+    "..%2F..%2Fetc",
+    "%2e%2e%2fescape",
+    "%00",
+    "a%00b",
+    "q%00",
+    "a%5Cb",
+    "..%5C..",
+    "%C3%A9",
+    "a%20b",
+    "%20",
+    "~root",
+    "a*b",
+    "a%0Ab",
+    "x" * 65,
+    "%2e" * 3,
 ]
 
 
@@ -538,8 +588,21 @@ def test_queue_name_aimed_at_a_path_is_refused_as_a_dead_letter_target(world, na
     refused(world, send(world, "put", "/api/queues/q", body), 400)
 
 
-BAD_ITEM_IDS = ["..", "%2e%2e", ".", "a/b", "a%2Fb", "..%2F..%2Fq", "%00", "a%00b", "a.json",
-                "%C3%A9", "a%20b", "x" * 65, "{pending}%00"]
+BAD_ITEM_IDS = [
+    "..",
+    "%2e%2e",
+    ".",
+    "a/b",
+    "a%2Fb",
+    "..%2F..%2Fq",
+    "%00",
+    "a%00b",
+    "a.json",
+    "%C3%A9",
+    "a%20b",
+    "x" * 65,
+    "{pending}%00",
+]
 
 
 @pytest.mark.parametrize("endpoint", sorted(ITEM_ENDPOINTS))
@@ -549,21 +612,40 @@ def test_item_id_aimed_at_a_path_is_refused(world, endpoint, item_id):
     refused(world, send(world, method, path.replace("{id}", item_id), body), (400, 404))
 
 
-@pytest.mark.parametrize("path", ["/api/queues/", "/api/queues//items", "/api/items/",
-                                  "/api/items//result", "/api/queues/q/items/", "/api/nothing",
-                                  "/api/queues/q/items/delete/x", "/api/queues/a/b/claim"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/queues/",
+        "/api/queues//items",
+        "/api/items/",
+        "/api/items//result",
+        "/api/queues/q/items/",
+        "/api/nothing",
+        "/api/queues/q/items/delete/x",
+        "/api/queues/a/b/claim",
+    ],
+)
 @pytest.mark.parametrize("method", ["get", "post", "put", "delete"])
 def test_route_miss_is_a_json_404(world, path, method):
     refused(world, send(world, method, path, {"payload": 1}), 404)
 
 
-@pytest.mark.parametrize(("method", "path"), [
-    ("patch", "/api/queues/q"), ("post", "/api/queues/q"), ("post", "/api/queues"),
-    ("get", "/api/queues/q/claim"), ("put", "/api/queues/q/items"),
-    ("delete", "/api/queues/q/items"), ("get", "/api/queues/q/items/delete"),
-    ("put", "/api/items/{pending}"), ("post", "/api/items/{pending}"),
-    ("get", "/api/items/{processing}/result"), ("delete", "/api/items/{failed}/restart"),
-])
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("patch", "/api/queues/q"),
+        ("post", "/api/queues/q"),
+        ("post", "/api/queues"),
+        ("get", "/api/queues/q/claim"),
+        ("put", "/api/queues/q/items"),
+        ("delete", "/api/queues/q/items"),
+        ("get", "/api/queues/q/items/delete"),
+        ("put", "/api/items/{pending}"),
+        ("post", "/api/items/{pending}"),
+        ("get", "/api/items/{processing}/result"),
+        ("delete", "/api/items/{failed}/restart"),
+    ],
+)
 def test_wrong_method_is_refused_with_405(world, method, path):
     refused(world, send(world, method, path, {"payload": 1}), 405)
 
@@ -646,19 +728,38 @@ def test_batch_with_one_member_beyond_the_queue_timeout_posts_none(world):
     refused(world, send(world, "post", "/api/queues/q/items", body), 400)
 
 
-@pytest.mark.parametrize("when", ["2030-01-01T00:00:00", "2030-01-01", "2030-01-01 00:00:00",
-                                  datetime.now().replace(microsecond=0).isoformat()])
+@pytest.mark.parametrize(
+    "when",
+    [
+        "2030-01-01T00:00:00",
+        "2030-01-01",
+        "2030-01-01 00:00:00",
+        datetime.now().replace(microsecond=0).isoformat(),
+    ],
+)
 def test_naive_scheduled_at_is_refused_with_400(world, when):
-    refused(world, send(world, "post", "/api/queues/q/items", {"payload": 1, "scheduledAt": when}),
-            400)
+    refused(
+        world, send(world, "post", "/api/queues/q/items", {"payload": 1, "scheduledAt": when}), 400
+    )
 
 
-@pytest.mark.parametrize("when", ["", "soon", "tomorrow at noon", "2030-13-01T00:00:00Z",
-                                  "2030-01-01T25:00:00Z", "9999-12-31T23:59:59-01:00",
-                                  "0001-01-01T00:00:00+01:00", "1" * 100])
+@pytest.mark.parametrize(
+    "when",
+    [
+        "",
+        "soon",
+        "tomorrow at noon",
+        "2030-13-01T00:00:00Z",
+        "2030-01-01T25:00:00Z",
+        "9999-12-31T23:59:59-01:00",
+        "0001-01-01T00:00:00+01:00",
+        "1" * 100,
+    ],
+)
 def test_unparseable_scheduled_at_is_refused_with_400(world, when):
-    refused(world, send(world, "post", "/api/queues/q/items", {"payload": 1, "scheduledAt": when}),
-            400)
+    refused(
+        world, send(world, "post", "/api/queues/q/items", {"payload": 1, "scheduledAt": when}), 400
+    )
 
 
 def test_both_scheduled_at_and_delay_seconds_is_refused_with_400(world):
@@ -676,15 +777,29 @@ def _b64(text: bytes) -> str:
     return base64.urlsafe_b64encode(text).decode().rstrip("=")
 
 
-@pytest.mark.parametrize("cursor", ["!!!", "a", "%25%25", "Li4vZXRj", _b64(b"../etc"),
-                                    _b64(b"\xff\xfe"), _b64(b"a/b"), _b64(b"x" * 65), "x" * 200,
-                                    _b64(b"a\x00b"), "%00"])
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "!!!",
+        "a",
+        "%25%25",
+        "Li4vZXRj",
+        _b64(b"../etc"),
+        _b64(b"\xff\xfe"),
+        _b64(b"a/b"),
+        _b64(b"x" * 65),
+        "x" * 200,
+        _b64(b"a\x00b"),
+        "%00",
+    ],
+)
 def test_invalid_cursor_is_refused_with_400(world, cursor):
     refused(world, send(world, "get", f"/api/queues/q/items?cursor={cursor}"), 400)
 
 
-@pytest.mark.parametrize("status", ["bogus", "done", "PENDING", "pending,failed", "%00",
-                                    "finished%20"])
+@pytest.mark.parametrize(
+    "status", ["bogus", "done", "PENDING", "pending,failed", "%00", "finished%20"]
+)
 def test_invalid_status_filter_is_refused_with_400(world, status):
     refused(world, send(world, "get", f"/api/queues/q/items?status={status}"), 400)
 
@@ -694,8 +809,9 @@ def test_invalid_thread_id_filter_is_refused_with_400(world, thread_id):
     refused(world, send(world, "get", f"/api/queues/q/items?threadId={thread_id}"), 400)
 
 
-@pytest.mark.parametrize("limit", ["0", "-1", "1001", "100000000000000000000", "abc", "1.5",
-                                   "1e3", "%00"])
+@pytest.mark.parametrize(
+    "limit", ["0", "-1", "1001", "100000000000000000000", "abc", "1.5", "1e3", "%00"]
+)
 def test_limit_out_of_range_is_refused_with_400(world, limit):
     refused(world, send(world, "get", f"/api/queues/q/items?limit={limit}"), 400)
 

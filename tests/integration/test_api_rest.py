@@ -19,14 +19,34 @@ from rest_framework.test import APIClient
 
 from taskhoster.models import Item, Queue
 
-ITEM_FIELDS = {"id", "queue", "status", "payload", "threadId", "scheduledAt", "postedAt",
-               "attempts", "leaseExpiresAt", "finishedAt", "result", "error", "key"}
+ITEM_FIELDS = {
+    "id",
+    "queue",
+    "status",
+    "payload",
+    "threadId",
+    "scheduledAt",
+    "postedAt",
+    "attempts",
+    "leaseExpiresAt",
+    "finishedAt",
+    "result",
+    "error",
+    "key",
+}
 LISTED_FIELDS = ITEM_FIELDS - {"payload", "result"}
 TIME_FIELDS = ("scheduledAt", "postedAt", "leaseExpiresAt", "finishedAt")
 WIRE_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z$")
-QUEUE_DEFAULTS = {"leaseSeconds": 60, "queueSeconds": 86400, "retainSeconds": 3600,
-                  "retainFrom": "finished", "maxAttempts": None, "backoffSeconds": 1,
-                  "backoffMaxSeconds": 300, "deadLetterQueue": None}
+QUEUE_DEFAULTS = {
+    "leaseSeconds": 60,
+    "queueSeconds": 86400,
+    "retainSeconds": 3600,
+    "retainFrom": "finished",
+    "maxAttempts": None,
+    "backoffSeconds": 1,
+    "backoffMaxSeconds": 300,
+    "deadLetterQueue": None,
+}
 NO_COUNTS = {"pending": 0, "processing": 0, "finished": 0, "failed": 0}
 
 
@@ -72,12 +92,21 @@ def claim_one(api: APIClient, queue: str = "q") -> dict[str, Any]:
 
 def finish(api: APIClient, item_id: str, result: Any = "ok") -> None:
     assert ok(api.post(f"/api/items/{item_id}/result", {"result": result}, format="json")) == {
-        "accepted": True, "status": "finished"}
+        "accepted": True,
+        "status": "finished",
+    }
 
 
 def kill(api: APIClient, item_id: str, lease: str, error: str = "boom") -> dict[str, Any]:
-    return dict(ok(api.post(f"/api/items/{item_id}/fail",
-                            {"lease": lease, "error": error, "retry": False}, format="json")))
+    return dict(
+        ok(
+            api.post(
+                f"/api/items/{item_id}/fail",
+                {"lease": lease, "error": error, "retry": False},
+                format="json",
+            )
+        )
+    )
 
 
 def get(api: APIClient, item_id: str, query: str = "") -> dict[str, Any]:
@@ -144,10 +173,16 @@ def q(make_queue: Any) -> Any:
 
 
 def test_put_queue_creates_with_201_then_updates_with_200_keeping_unsent_settings(api):
-    created = ok(api.put("/api/queues/jobs", {"leaseSeconds": 30, "maxAttempts": 5},
-                         format="json"), 201)
-    assert created == {"name": "jobs", **QUEUE_DEFAULTS, "leaseSeconds": 30, "maxAttempts": 5,
-                       "counts": NO_COUNTS}
+    created = ok(
+        api.put("/api/queues/jobs", {"leaseSeconds": 30, "maxAttempts": 5}, format="json"), 201
+    )
+    assert created == {
+        "name": "jobs",
+        **QUEUE_DEFAULTS,
+        "leaseSeconds": 30,
+        "maxAttempts": 5,
+        "counts": NO_COUNTS,
+    }
     updated = ok(api.put("/api/queues/jobs", {"retainSeconds": 10}, format="json"), 200)
     assert updated == {**created, "retainSeconds": 10}
     assert ok(api.get("/api/queues/jobs")) == updated
@@ -162,13 +197,24 @@ def test_put_queue_without_a_body_creates_it_with_the_spec_defaults(api):
 
 def test_put_queue_sets_every_setting(api, make_queue):
     make_queue("dead")
-    body = {"leaseSeconds": 1.5, "queueSeconds": 100, "retainSeconds": 0, "retainFrom": "fetched",
-            "maxAttempts": 2, "backoffSeconds": 0.5, "backoffMaxSeconds": 4,
-            "deadLetterQueue": "dead"}
+    body = {
+        "leaseSeconds": 1.5,
+        "queueSeconds": 100,
+        "retainSeconds": 0,
+        "retainFrom": "fetched",
+        "maxAttempts": 2,
+        "backoffSeconds": 0.5,
+        "backoffMaxSeconds": 4,
+        "deadLetterQueue": "dead",
+    }
     assert ok(api.put("/api/queues/all", body, format="json"), 201) == {
-        "name": "all", **body, "counts": NO_COUNTS}
-    cleared = ok(api.put("/api/queues/all", {"maxAttempts": None, "deadLetterQueue": None},
-                         format="json"))
+        "name": "all",
+        **body,
+        "counts": NO_COUNTS,
+    }
+    cleared = ok(
+        api.put("/api/queues/all", {"maxAttempts": None, "deadLetterQueue": None}, format="json")
+    )
     assert cleared["maxAttempts"] is None
     assert cleared["deadLetterQueue"] is None
     assert cleared["leaseSeconds"] == 1.5
@@ -240,8 +286,9 @@ def test_post_answers_201_with_the_item_in_its_wire_names(api, q):
     assert get(api, item["id"]) == item
 
 
-@pytest.mark.parametrize("payload", [None, 0, -1.5, "", "é€😀", [], {}, [{"a": {"b": [True]}}],
-                                     10**30])
+@pytest.mark.parametrize(
+    "payload", [None, 0, -1.5, "", "é€😀", [], {}, [{"a": {"b": [True]}}], 10**30]
+)
 def test_any_json_payload_round_trips(api, q, payload):
     item = post(api, payload=payload)
     assert item["payload"] == payload
@@ -268,8 +315,13 @@ def test_a_scheduled_item_is_not_claimable_before_its_time(api, q):
 
 
 def test_batch_post_answers_201_with_all_items_in_list_order(api, q):
-    body = {"items": [{"payload": "a"}, {"payload": "b", "threadId": "t"},
-                      {"payload": "c", "key": "kc", "delaySeconds": 5}]}
+    body = {
+        "items": [
+            {"payload": "a"},
+            {"payload": "b", "threadId": "t"},
+            {"payload": "c", "key": "kc", "delaySeconds": 5},
+        ]
+    }
     answer = ok(api.post("/api/queues/q/items", body, format="json"), 201)
     assert set(answer) == {"items"}
     items = answer["items"]
@@ -322,8 +374,14 @@ def test_key_dedup_holds_in_every_state_until_the_item_is_deleted(api, q):
 
 def test_key_dedup_in_a_batch_returns_the_existing_item_in_its_place(api, q):
     first = post(api, payload="old", key="k")
-    body = {"items": [{"payload": "new1"}, {"payload": "dup", "key": "k"},
-                      {"payload": "new2", "key": "k2"}, {"payload": "dup2", "key": "k2"}]}
+    body = {
+        "items": [
+            {"payload": "new1"},
+            {"payload": "dup", "key": "k"},
+            {"payload": "new2", "key": "k2"},
+            {"payload": "dup2", "key": "k2"},
+        ]
+    }
     items = ok(api.post("/api/queues/q/items", body, format="json"), 201)["items"]
     assert items[1]["id"] == first["id"]
     assert items[1]["payload"] == "old"
@@ -344,8 +402,7 @@ def test_payload_of_exactly_the_limit_is_accepted(api, q, settings):
     settings.TASKHOSTER = {**settings.TASKHOSTER, "MAX_PAYLOAD_BYTES": 12}
     item = post(api, payload="x" * 10)  # '"xxxxxxxxxx"' is 12 bytes of JSON
     assert item["payload"] == "x" * 10
-    assert api.post("/api/queues/q/items", {"payload": "x" * 11},
-                    format="json").status_code == 413
+    assert api.post("/api/queues/q/items", {"payload": "x" * 11}, format="json").status_code == 413
 
 
 # -- listing -----------------------------------------------------------------------------------
@@ -373,8 +430,12 @@ def test_listing_filters_by_status(api, q):
     c1, c2, c3 = claim(api, max=3)
     finish(api, c1["id"])
     kill(api, c2["id"], c2["lease"])
-    expected = {"pending": ids[3:], "processing": [c3["id"]], "finished": [c1["id"]],
-                "failed": [c2["id"]]}
+    expected = {
+        "pending": ids[3:],
+        "processing": [c3["id"]],
+        "finished": [c1["id"]],
+        "failed": [c2["id"]],
+    }
     for status, wanted in expected.items():
         page = listing(api, query=f"?status={status}")
         assert [i["id"] for i in page["items"]] == wanted, status
@@ -445,8 +506,12 @@ def test_get_item_wait_answers_as_soon_as_the_item_finishes(api, q):
     item = post(api, payload="job")
     claim_one(api)
     worker = client_like(api)
-    thread, out = in_background(lambda: worker.post(
-        f"/api/items/{item['id']}/result", {"result": {"answer": 42}}, format="json"), 0.3)
+    thread, out = in_background(
+        lambda: worker.post(
+            f"/api/items/{item['id']}/result", {"result": {"answer": 42}}, format="json"
+        ),
+        0.3,
+    )
     started = time.monotonic()
     read = get(api, item["id"], "?wait=10")
     elapsed = time.monotonic() - started
@@ -464,9 +529,14 @@ def test_get_item_wait_answers_as_soon_as_the_item_fails(api, q):
     item = post(api, payload="job")
     held = claim_one(api)
     worker = client_like(api)
-    thread, out = in_background(lambda: worker.post(
-        f"/api/items/{item['id']}/fail", {"lease": held["lease"], "error": "bad", "retry": False},
-        format="json"), 0.3)
+    thread, out = in_background(
+        lambda: worker.post(
+            f"/api/items/{item['id']}/fail",
+            {"lease": held["lease"], "error": "bad", "retry": False},
+            format="json",
+        ),
+        0.3,
+    )
     started = time.monotonic()
     read = get(api, item["id"], "?wait=10")
     elapsed = time.monotonic() - started
@@ -501,8 +571,9 @@ def test_get_item_wait_on_a_terminal_item_answers_at_once(api, q):
 @pytest.mark.django_db(transaction=True)
 def test_claim_wait_answers_as_soon_as_an_item_is_posted(api, q):
     producer = client_like(api)
-    thread, out = in_background(lambda: producer.post(
-        "/api/queues/q/items", {"payload": "fresh"}, format="json"), 0.3)
+    thread, out = in_background(
+        lambda: producer.post("/api/queues/q/items", {"payload": "fresh"}, format="json"), 0.3
+    )
     started = time.monotonic()
     items = claim(api, wait=10, max=5)
     elapsed = time.monotonic() - started
@@ -592,8 +663,11 @@ def test_fail_with_retry_puts_the_item_back_with_backoff(api, make_queue):
     make_queue("q", backoffSeconds=10)
     item = post(api, payload="job")
     held = claim_one(api)
-    answer = ok(api.post(f"/api/items/{item['id']}/fail", {"lease": held["lease"], "error": "x"},
-                         format="json"))
+    answer = ok(
+        api.post(
+            f"/api/items/{item['id']}/fail", {"lease": held["lease"], "error": "x"}, format="json"
+        )
+    )
     assert answer == {"accepted": True, "status": "pending"}
     read = get(api, item["id"])
     assert read["status"] == "pending"
@@ -607,8 +681,10 @@ def test_fail_with_retry_puts_the_item_back_with_backoff(api, make_queue):
 def test_fail_without_retry_marks_the_item_failed_with_its_error(api, q):
     item = post(api, payload="job")
     held = claim_one(api)
-    assert kill(api, item["id"], held["lease"], "it broke") == {"accepted": True,
-                                                               "status": "failed"}
+    assert kill(api, item["id"], held["lease"], "it broke") == {
+        "accepted": True,
+        "status": "failed",
+    }
     read = get(api, item["id"])
     assert read["status"] == "failed"
     assert read["error"] == "it broke"
@@ -620,8 +696,13 @@ def test_fail_without_retry_marks_the_item_failed_with_its_error(api, q):
 def test_fail_with_a_stale_lease_is_not_accepted(api, q):
     item = post(api, payload="job")
     held = claim_one(api)
-    answer = ok(api.post(f"/api/items/{item['id']}/fail", {"lease": "not-the-lease",
-                                                          "retry": False}, format="json"))
+    answer = ok(
+        api.post(
+            f"/api/items/{item['id']}/fail",
+            {"lease": "not-the-lease", "retry": False},
+            format="json",
+        )
+    )
     assert answer == {"accepted": False, "status": "processing"}
     read = get(api, item["id"])
     assert read["status"] == "processing"
@@ -650,14 +731,18 @@ def test_extend_pushes_the_lease_out_for_its_holder(api, q):
     item = post(api, payload="job")
     held = claim_one(api)
     time.sleep(0.01)
-    answer = ok(api.post(f"/api/items/{item['id']}/extend", {"lease": held["lease"]},
-                         format="json"))
+    answer = ok(
+        api.post(f"/api/items/{item['id']}/extend", {"lease": held["lease"]}, format="json")
+    )
     assert set(answer) == {"accepted", "leaseExpiresAt"}
     assert answer["accepted"] is True
     assert parse_time(answer["leaseExpiresAt"]) > parse_time(held["leaseExpiresAt"])
     assert get(api, item["id"])["leaseExpiresAt"] == answer["leaseExpiresAt"]
-    short = ok(api.post(f"/api/items/{item['id']}/extend", {"lease": held["lease"],
-                                                          "seconds": 5}, format="json"))
+    short = ok(
+        api.post(
+            f"/api/items/{item['id']}/extend", {"lease": held["lease"], "seconds": 5}, format="json"
+        )
+    )
     assert short["accepted"] is True
     assert parse_time(short["leaseExpiresAt"]) <= now() + timedelta(seconds=5)
 
@@ -665,8 +750,13 @@ def test_extend_pushes_the_lease_out_for_its_holder(api, q):
 def test_extend_is_capped_at_the_queue_lease_seconds(api, q):
     item = post(api, payload="job")
     held = claim_one(api)
-    answer = ok(api.post(f"/api/items/{item['id']}/extend",
-                         {"lease": held["lease"], "seconds": 3600}, format="json"))
+    answer = ok(
+        api.post(
+            f"/api/items/{item['id']}/extend",
+            {"lease": held["lease"], "seconds": 3600},
+            format="json",
+        )
+    )
     assert answer["accepted"] is True
     assert parse_time(answer["leaseExpiresAt"]) <= now() + timedelta(seconds=60)
 
@@ -823,7 +913,8 @@ def test_schema_documents_the_token_header_on_every_api_operation(client):
     schema = yaml.safe_load(client.get("/api/schema").content)
     schemes = schema["components"]["securitySchemes"]
     assert {"type": "apiKey", "in": "header", "name": "Authorization"}.items() <= next(
-        iter(schemes.values())).items()
+        iter(schemes.values())
+    ).items()
     name = next(iter(schemes))
     for path, methods in SPEC_OPERATIONS.items():
         for method in methods:
@@ -839,7 +930,9 @@ def test_schema_offers_one_item_or_a_batch_as_the_post_body(client):
     choices = components[ref.rsplit("/", 1)[-1]]["oneOf"]
     bodies = [components[c["$ref"].rsplit("/", 1)[-1]] for c in choices]
     assert sorted(sorted(b["properties"]) for b in bodies) == [
-        ["delaySeconds", "key", "payload", "scheduledAt", "threadId"], ["items"]]
+        ["delaySeconds", "key", "payload", "scheduledAt", "threadId"],
+        ["items"],
+    ]
 
 
 @pytest.mark.django_db
@@ -858,8 +951,7 @@ def _metric(text: str, name: str, **labels: str) -> float:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_metrics_count_items_per_queue_and_status_and_claims_and_results(api, make_queue,
-                                                                        client):
+def test_metrics_count_items_per_queue_and_status_and_claims_and_results(api, make_queue, client):
     name = f"m-{uuid.uuid4().hex[:8]}"
     make_queue(name)
     for n in range(4):

@@ -32,8 +32,9 @@ def server(server_factory):
 
 @pytest.fixture
 def http(server, key):
-    with httpx.Client(base_url=server.url, headers={"Authorization": f"Token {key}"},
-                      timeout=10) as client:
+    with httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=10
+    ) as client:
         yield client
 
 
@@ -61,7 +62,8 @@ def test_socket_without_key_is_refused_with_close_code_4401(server):
     async def run():
         ws = await connect(server, None)
         frame = await recv(ws)
-        assert frame["type"] == "error" and frame["code"] == "unauthorized"
+        assert frame["type"] == "error"
+        assert frame["code"] == "unauthorized"
         with pytest.raises(websockets.ConnectionClosed) as closed:
             await ws.recv()
         assert closed.value.rcvd.code == 4401
@@ -108,9 +110,18 @@ def test_items_are_pushed_up_to_capacity_and_a_result_frees_a_slot(server, http,
         ids = [post(http, n) for n in range(4)]
         first = [await recv(ws), await recv(ws)]
         assert [f["id"] for f in first] == ids[:2]
-        assert first[0]["type"] == "item" and first[0]["payload"] == 0
-        assert set(first[0]) >= {"id", "queue", "payload", "attempts", "threadId",
-                                 "scheduledAt", "leaseExpiresAt", "lease"}
+        assert first[0]["type"] == "item"
+        assert first[0]["payload"] == 0
+        assert set(first[0]) >= {
+            "id",
+            "queue",
+            "payload",
+            "attempts",
+            "threadId",
+            "scheduledAt",
+            "leaseExpiresAt",
+            "lease",
+        }
         await recv_none(ws)
         await send(ws, {"type": "result", "id": ids[0], "result": "done"})
         ack = await recv(ws)
@@ -205,7 +216,8 @@ def test_clean_close_requeues_held_items_at_once(server, http, key):
 WORKER = textwrap.dedent("""
     import asyncio, json, sys, websockets
     async def main(url, key):
-        async with websockets.connect(url, additional_headers={"Authorization": "Token " + key}) as ws:
+        headers = {"Authorization": "Token " + key}
+        async with websockets.connect(url, additional_headers=headers) as ws:
             await ws.send(json.dumps({"type": "subscribe", "queues": ["q"], "capacity": 1}))
             frame = json.loads(await ws.recv())
             print(frame["id"], flush=True)
@@ -215,8 +227,9 @@ WORKER = textwrap.dedent("""
 
 
 def _sigkilled_worker_takes(server, key):
-    worker = subprocess.Popen([sys.executable, "-c", WORKER, ws_url(server), key],
-                              stdout=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", WORKER, ws_url(server), key], stdout=subprocess.PIPE, text=True
+    )
     try:
         line = worker.stdout.readline().strip()
     finally:
@@ -261,8 +274,7 @@ def test_late_result_after_sweep_requeued_the_lease_is_accepted(server, http, ke
         assert status_of(http, item)["status"] == "pending"
         # The worker kept its socket and finishes late: accepted, the item is not terminal.
         await send(ws, {"type": "result", "id": item, "result": "late but fine"})
-        assert await recv(ws) == {"type": "ack", "id": item, "accepted": True,
-                                  "status": "finished"}
+        assert await recv(ws) == {"type": "ack", "id": item, "accepted": True, "status": "finished"}
         await send(ws, {"type": "result", "id": item, "result": "second"})
         assert (await recv(ws))["accepted"] is False
         await ws.close()
@@ -290,8 +302,7 @@ def test_deleting_a_held_item_sends_cancel(server, http, key):
     asyncio.run(run())
 
 
-def test_timeout_of_a_held_item_sends_cancel_even_from_a_separate_sweep(server, http, key,
-                                                                       manage):
+def test_timeout_of_a_held_item_sends_cancel_even_from_a_separate_sweep(server, http, key, manage):
     make_queue(http, queueSeconds=0.5, leaseSeconds=60)
     item = post(http, "x")
 
@@ -333,7 +344,8 @@ def test_bad_frames_get_error_frames_and_the_socket_stays_open(server, http, key
             await ws.send(frame)
             answer = await recv(ws)
             assert answer["type"] == "error", (frame, answer)
-            assert answer["code"] and answer["message"]
+            assert answer["code"]
+            assert answer["message"]
         await ws.send(b"\x00binary")
         assert (await recv(ws))["code"] == "text_frames_only"
         # still open and working
@@ -348,7 +360,11 @@ def test_bad_frames_get_error_frames_and_the_socket_stays_open(server, http, key
         assert time.monotonic() < deadline, "the closed socket's item was not re-queued"
         time.sleep(0.05)
     assert http.get("/api/queues/q").json()["counts"] == {
-        "pending": 1, "processing": 0, "finished": 0, "failed": 0}
+        "pending": 1,
+        "processing": 0,
+        "finished": 0,
+        "failed": 0,
+    }
 
 
 def test_fail_and_extend_for_an_item_not_held_are_acked_false(server, http, key):
@@ -377,10 +393,10 @@ def test_fail_over_the_socket_uses_the_held_lease_and_backs_off(server, http, ke
         assert (await recv(ws))["id"] == item
         await send(ws, {"type": "extend", "id": item, "seconds": 5})
         ack = await recv(ws)
-        assert ack["accepted"] is True and ack["leaseExpiresAt"].endswith("Z")
+        assert ack["accepted"] is True
+        assert ack["leaseExpiresAt"].endswith("Z")
         await send(ws, {"type": "fail", "id": item, "error": "boom"})
-        assert await recv(ws) == {"type": "ack", "id": item, "accepted": True,
-                                  "status": "pending"}
+        assert await recv(ws) == {"type": "ack", "id": item, "accepted": True, "status": "pending"}
         await recv_none(ws, 0.5)  # backed off 30 s: not pushed again now
         await ws.close()
 
@@ -405,8 +421,7 @@ def test_delayed_item_arrives_within_a_second_of_scheduled_at(server, http, key)
     asyncio.run(run())
 
 
-def test_sweep_in_another_process_wakes_a_waiting_socket_without_polling(server, http, key,
-                                                                        manage):
+def test_sweep_in_another_process_wakes_a_waiting_socket_without_polling(server, http, key, manage):
     make_queue(http, leaseSeconds=0.3)
     item = post(http, "x")
     claimed = http.post("/api/queues/q/claim", json={}).json()["items"]
@@ -419,7 +434,8 @@ def test_sweep_in_another_process_wakes_a_waiting_socket_without_polling(server,
         started = time.monotonic()
         manage("sweep")
         frame = await recv(ws, 3)
-        assert frame["id"] == item and frame["attempts"] == 2
+        assert frame["id"] == item
+        assert frame["attempts"] == 2
         # the backstop is 60 s here, so this came by the news, not by a poll
         assert time.monotonic() - started < 3
         await ws.close()

@@ -5,6 +5,7 @@ thread nor lets two members through."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -25,7 +26,8 @@ PROCESSES = 4
 
 
 def test_no_two_members_of_a_thread_overlap_across_four_worker_processes(
-        server_factory, make_key, tmp_path):
+    server_factory, make_key, tmp_path
+):
     server = server_factory()
     key = make_key()
     headers = {"Authorization": f"Token {key}"}
@@ -42,8 +44,12 @@ def test_no_two_members_of_a_thread_overlap_across_four_worker_processes(
 
         deadline = time.time() + 90
         logs = [tmp_path / f"worker-{n}.jsonl" for n in range(PROCESSES)]
-        workers = [subprocess.Popen([sys.executable, str(WORKER), server.url, key, str(log),
-                                     str(deadline)]) for log in logs]
+        workers = [
+            subprocess.Popen(
+                [sys.executable, str(WORKER), server.url, key, str(log), str(deadline)]
+            )
+            for log in logs
+        ]
         for worker in workers:
             assert worker.wait(120) == 0
 
@@ -65,7 +71,7 @@ def test_no_two_members_of_a_thread_overlap_across_four_worker_processes(
         if thread is None:
             continue
         entries.sort(key=lambda e: e["start"])
-        for before, after in zip(entries, entries[1:], strict=False):
+        for before, after in itertools.pairwise(entries):
             assert before["end"] < after["start"], f"thread {thread}: overlap {before} {after}"
         # head order: posted in arrival order with no scheduledAt, so claimed in id order
         assert [e["id"] for e in entries] == sorted(e["id"] for e in entries), thread
@@ -74,7 +80,9 @@ def test_no_two_members_of_a_thread_overlap_across_four_worker_processes(
 def _post_thread(http, members=3):
     assert http.put("/api/queues/q", json={"leaseSeconds": 1}).status_code in (200, 201)
     items = [{"payload": n, "threadId": "T"} for n in range(members)]
-    return [i["id"] for i in http.post("/api/queues/q/items", json={"items": items}).json()["items"]]
+    return [
+        i["id"] for i in http.post("/api/queues/q/items", json={"items": items}).json()["items"]
+    ]
 
 
 def _claim(http):
@@ -82,7 +90,8 @@ def _claim(http):
 
 
 def test_crash_after_taking_a_threads_turn_before_commit_does_not_block_the_thread(
-        server_factory, make_key, manage):
+    server_factory, make_key, manage
+):
     key = make_key()
     headers = {"Authorization": f"Token {key}"}
     crashing = server_factory(TASKHOSTER_CRASH_AT="claim.after_rename")
@@ -102,7 +111,8 @@ def test_crash_after_taking_a_threads_turn_before_commit_does_not_block_the_thre
 
 
 def test_crash_after_the_claim_committed_releases_the_thread_after_lease_and_sweep(
-        server_factory, make_key, manage):
+    server_factory, make_key, manage
+):
     key = make_key()
     headers = {"Authorization": f"Token {key}"}
     crashing = server_factory(TASKHOSTER_CRASH_AT="claim.after_commit")

@@ -13,8 +13,10 @@ import httpx
 
 def main(url: str, key: str, log_path: str, deadline: float) -> None:
     idle_rounds = 0
-    with httpx.Client(base_url=url, headers={"Authorization": f"Token {key}"},
-                      timeout=30) as http, open(log_path, "w") as log:
+    with (
+        httpx.Client(base_url=url, headers={"Authorization": f"Token {key}"}, timeout=30) as http,
+        open(log_path, "w") as log,
+    ):
         while time.time() < deadline and idle_rounds < 20:
             items = http.post("/api/queues/q/claim", json={"max": 3, "wait": 0.2}).json()["items"]
             if not items:
@@ -24,8 +26,12 @@ def main(url: str, key: str, log_path: str, deadline: float) -> None:
             for item in items:
                 start = time.time()
                 ended = time.time()
-                log.write(json.dumps({"id": item["id"], "thread": item["threadId"],
-                                      "start": start, "end": ended}) + "\n")
+                log.write(
+                    json.dumps(
+                        {"id": item["id"], "thread": item["threadId"], "start": start, "end": ended}
+                    )
+                    + "\n"
+                )
                 log.flush()
                 answer = http.post(f"/api/items/{item['id']}/result", json={"result": 1}).json()
                 assert answer["accepted"], answer

@@ -15,8 +15,9 @@ def ws_url(server: Any) -> str:
 
 async def connect(server: Any, key: str | None) -> Any:
     headers = {"Authorization": f"Token {key}"} if key else {}
-    return await websockets.connect(ws_url(server), additional_headers=headers,
-                                    max_size=8 * 1024 * 1024)
+    return await websockets.connect(
+        ws_url(server), additional_headers=headers, max_size=8 * 1024 * 1024
+    )
 
 
 async def send(ws: Any, frame: dict[str, Any]) -> None:

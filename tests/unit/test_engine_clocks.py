@@ -32,9 +32,7 @@ from .lifecycle_helpers import (
 
 
 @pytest.mark.django_db
-def test_lapsed_lease_is_requeued_with_scheduled_at_unchanged(
-    make_queue, state_root: Path
-) -> None:
+def test_lapsed_lease_is_requeued_with_scheduled_at_unchanged(make_queue, state_root: Path) -> None:
     make_queue("q", leaseSeconds=10)
     item = post(payload="p")
     scheduled = row(item.id).scheduled_at
@@ -61,9 +59,7 @@ def test_lease_is_not_lapsed_before_lease_expires_at(make_queue) -> None:
 
 
 @pytest.mark.django_db
-def test_lapsed_lease_at_max_attempts_dies_with_lease_expired(
-    make_queue, state_root: Path
-) -> None:
+def test_lapsed_lease_at_max_attempts_dies_with_lease_expired(make_queue, state_root: Path) -> None:
     make_queue("q", maxAttempts=2)
     item = post()
     engine.sweep(at=after(claim_one().lease_expires_at))
@@ -203,8 +199,7 @@ def test_queue_timeout_of_a_finished_item_does_nothing(make_queue) -> None:
     item = post()
     claim_one()
     engine.submit_result(item_id=item.id, result="ok")
-    assert engine.time_out_if_aged(item_id=item.id, at=after(row(item.id).posted_at, 1000)) \
-        is False
+    assert engine.time_out_if_aged(item_id=item.id, at=after(row(item.id).posted_at, 1000)) is False
     assert (row(item.id).status, row(item.id).error) == ("finished", None)
 
 
@@ -437,13 +432,10 @@ def test_concurrent_sweeps_and_results_give_each_item_exactly_one_verdict(
 
 
 @pytest.mark.django_db
-def test_sweep_walks_every_item_in_small_chunks_even_with_tied_clocks(
-    make_queue, settings
-) -> None:
+def test_sweep_walks_every_item_in_small_chunks_even_with_tied_clocks(make_queue, settings) -> None:
     settings.TASKHOSTER = {**settings.TASKHOSTER, "SWEEP_CHUNK": 2}
     make_queue("q", queueSeconds=1000, retainSeconds=10)
-    batch = engine.post_items(queue_name="q", items=[engine.NewItem(payload=n)
-                                                    for n in range(7)])
+    batch = engine.post_items(queue_name="q", items=[engine.NewItem(payload=n) for n in range(7)])
     held = claim(max_items=7)  # one claim: all seven share one leaseExpiresAt
     assert len({c.row.lease_expires_at for c in held}) == 1
     assert engine.sweep(at=after(held[0].row.lease_expires_at)).requeued == 7

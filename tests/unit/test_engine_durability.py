@@ -39,8 +39,9 @@ def watch(monkeypatch: pytest.MonkeyPatch, root: Path, queue: str, item_id: str)
     real = os.fsync
 
     def fsync(fd: int) -> None:
-        flushes.calls.append((os.readlink(f"/proc/self/fd/{fd}"),
-                              states_on_disk(root, queue, item_id)))
+        flushes.calls.append(
+            (os.readlink(f"/proc/self/fd/{fd}"), states_on_disk(root, queue, item_id))
+        )
         real(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
@@ -55,8 +56,11 @@ def assert_new_file_durable_before_old_removed(
     assert at_dir_flush, f"the {new}/ directory was never flushed: {flushes.calls}"
     # when the new directory entry was flushed, the new file was there and the old one too
     assert any(old in states and new in states for states in at_dir_flush), flushes.calls
-    file_flushes = [states for path, states in flushes.calls
-                    if Path(path).parent == Path(new_dir) and path != new_dir]
+    file_flushes = [
+        states
+        for path, states in flushes.calls
+        if Path(path).parent == Path(new_dir) and path != new_dir
+    ]
     assert file_flushes, f"no file in {new}/ was flushed: {flushes.calls}"
     assert all(old in states for states in file_flushes)
     assert states_on_disk(root, queue, item_id) == [new]
@@ -127,8 +131,7 @@ def test_late_result_from_pending_is_durable_before_pending_file_goes(
     engine.sweep(at=after(row(item.id).lease_expires_at))
     flushes = watch(monkeypatch, state_root, "q", item.id)
     _result(item.id)
-    assert_new_file_durable_before_old_removed(flushes, state_root, "q", item.id,
-                                               "pending", "done")
+    assert_new_file_durable_before_old_removed(flushes, state_root, "q", item.id, "pending", "done")
 
 
 @pytest.mark.usefixtures("fsync_on")
@@ -140,8 +143,7 @@ def test_restart_is_durable_before_the_done_file_goes(
     _fail_die(claim_one().id)
     flushes = watch(monkeypatch, state_root, "q", item.id)
     engine.restart(item_id=item.id)
-    assert_new_file_durable_before_old_removed(flushes, state_root, "q", item.id,
-                                               "done", "pending")
+    assert_new_file_durable_before_old_removed(flushes, state_root, "q", item.id, "done", "pending")
 
 
 @pytest.mark.usefixtures("fsync_on")

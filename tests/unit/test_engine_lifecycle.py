@@ -56,7 +56,8 @@ def test_post_keeps_a_given_scheduled_at(make_queue, state_root: Path) -> None:
     item = post(scheduled_at=when)
     assert row(item.id).scheduled_at == when
     assert file_record(state_root, "q", item.id)["scheduledAt"] == (
-        when.isoformat(timespec="microseconds").replace("+00:00", "Z"))
+        when.isoformat(timespec="microseconds").replace("+00:00", "Z")
+    )
 
 
 def test_post_with_delay_seconds_schedules_from_post_time(make_queue) -> None:
@@ -113,8 +114,9 @@ def test_claim_breaks_scheduled_at_ties_by_arrival(make_queue) -> None:
     make_queue("q")
     when = ago(5)
     first = post(scheduled_at=when, payload=1)
-    batch = engine.post_items(queue_name="q", items=[
-        engine.NewItem(payload=n, scheduled_at=when) for n in range(2, 6)])
+    batch = engine.post_items(
+        queue_name="q", items=[engine.NewItem(payload=n, scheduled_at=when) for n in range(2, 6)]
+    )
     last = post(scheduled_at=when, payload=6)
     expected = [first.id, *[p.row.id for p in batch], last.id]
     assert expected == sorted(expected)  # ids sort in arrival order
@@ -135,8 +137,9 @@ def test_claim_moves_file_pending_to_processing_with_attempt_and_lease(
     assert got.attempts == 1
     assert got.lease
     assert got.lease == claimed[0].row.lease
-    assert before + timedelta(seconds=30) <= got.lease_expires_at <= utcnow() + timedelta(
-        seconds=30)
+    assert (
+        before + timedelta(seconds=30) <= got.lease_expires_at <= utcnow() + timedelta(seconds=30)
+    )
     assert states_on_disk(state_root, "q", item.id) == ["processing"]
     assert file_record(state_root, "q", item.id)["payload"] == "work"
 
@@ -331,7 +334,8 @@ def test_retryable_fail_requeues_with_first_backoff_and_moves_file(
 
 
 @pytest.mark.parametrize(
-    ("attempts", "delay"), [(1, 10), (2, 20), (3, 40), (4, 80), (5, 100), (9, 100)])
+    ("attempts", "delay"), [(1, 10), (2, 20), (3, 40), (4, 80), (5, 100), (9, 100)]
+)
 def test_retry_backoff_doubles_per_attempt_up_to_backoff_max(make_queue, attempts, delay) -> None:
     make_queue("q", backoffSeconds=10, backoffMaxSeconds=100)
     item = post()
@@ -474,9 +478,16 @@ def test_a_death_repeated_after_a_crash_makes_no_second_dead_letter_copy(make_qu
     make_queue("main", maxAttempts=1, deadLetterQueue="dlq")
     item = engine.post_items(queue_name="main", items=[engine.NewItem(payload=1)])[0].row
     # The first death's copy was written (and indexed by repair) before the crash...
-    engine.post_items(queue_name="dlq", items=[engine.NewItem(
-        payload=1, key=f"dead-letter:{item.id}:{item.seq}",
-        origin={"queue": "main", "id": item.id, "error": "lease expired", "attempts": 1})])
+    engine.post_items(
+        queue_name="dlq",
+        items=[
+            engine.NewItem(
+                payload=1,
+                key=f"dead-letter:{item.id}:{item.seq}",
+                origin={"queue": "main", "id": item.id, "error": "lease expired", "attempts": 1},
+            )
+        ],
+    )
     # ...then the item dies again after recovery.
     engine.claim(queue_name="main")
     engine.requeue_held(item_id=item.id, lease=Item.objects.get(id=item.id).lease or "")

@@ -48,7 +48,8 @@ def test_delete_in_any_state_removes_row_and_file(make_queue, state_root: Path, 
     keep = post(delay_seconds=100)
     _bring_to(item.id, status)
     assert states_on_disk(state_root, "q", item.id) == [
-        "done" if status in ("finished", "failed") else status]
+        "done" if status in ("finished", "failed") else status
+    ]
     assert engine.delete_item(item_id=item.id) is True
     assert not exists(item.id)
     assert states_on_disk(state_root, "q", item.id) == []
@@ -113,8 +114,11 @@ def test_restart_of_a_non_failed_item_is_a_conflict(make_queue, status) -> None:
     with pytest.raises(Conflict):
         engine.restart(item_id=item.id)
     after_ = row(item.id)
-    assert (after_.status, after_.attempts, after_.rev) == (before.status, before.attempts,
-                                                           before.rev)
+    assert (after_.status, after_.attempts, after_.rev) == (
+        before.status,
+        before.attempts,
+        before.rev,
+    )
 
 
 def test_restart_of_unknown_item_is_item_not_found(make_queue) -> None:
@@ -243,9 +247,15 @@ def test_keys_are_scoped_to_their_queue(make_queue) -> None:
 def test_batch_with_existing_and_repeated_keys_creates_each_key_once(make_queue) -> None:
     make_queue("q")
     old = post(key="old")
-    answer = engine.post_items(queue_name="q", items=[
-        NewItem(payload=1, key="old"), NewItem(payload=2, key="new"),
-        NewItem(payload=3, key="new"), NewItem(payload=4)])
+    answer = engine.post_items(
+        queue_name="q",
+        items=[
+            NewItem(payload=1, key="old"),
+            NewItem(payload=2, key="new"),
+            NewItem(payload=3, key="new"),
+            NewItem(payload=4),
+        ],
+    )
     assert answer[0].row.id == old.id
     assert answer[0].created is False
     assert answer[1].row.id == answer[2].row.id

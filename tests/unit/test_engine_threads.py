@@ -28,8 +28,9 @@ pytestmark = pytest.mark.django_db
 
 
 def processing_members(thread_id: str) -> list[str]:
-    return list(Item.objects.filter(thread_id=thread_id, status="processing")
-                .values_list("id", flat=True))
+    return list(
+        Item.objects.filter(thread_id=thread_id, status="processing").values_list("id", flat=True)
+    )
 
 
 def test_two_members_of_a_thread_are_never_both_processing(make_queue) -> None:
@@ -57,8 +58,10 @@ def test_thread_head_is_earliest_scheduled_at_not_earliest_arrival(make_queue) -
 def test_thread_head_ties_are_broken_by_arrival(make_queue) -> None:
     make_queue("q")
     when = ago(5)
-    answer = engine.post_items(queue_name="q", items=[
-        NewItem(payload=n, thread_id="t", scheduled_at=when) for n in range(4)])
+    answer = engine.post_items(
+        queue_name="q",
+        items=[NewItem(payload=n, thread_id="t", scheduled_at=when) for n in range(4)],
+    )
     order = []
     for _ in range(4):
         got = claim()

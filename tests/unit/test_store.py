@@ -22,8 +22,20 @@ from taskhoster.errors import StoreError
 from taskhoster.status import State
 from taskhoster.store import BATCH_SYNCFS_THRESHOLD, FileMissing, StateStore
 
-BAD_NAMES = ["..", ".", "a/b", "../q", ".hidden", "x\x00y", "q\n", "", "-lead", "/abs",
-             "a" * 65, "a\\b"]
+BAD_NAMES = [
+    "..",
+    ".",
+    "a/b",
+    "../q",
+    ".hidden",
+    "x\x00y",
+    "q\n",
+    "",
+    "-lead",
+    "/abs",
+    "a" * 65,
+    "a\\b",
+]
 BAD_IDS = ["..", ".", "a/b", "../x", ".hidden", "x\x00y", "id\n", "", "a.b", "a" * 65, "a\\b"]
 
 
@@ -227,7 +239,8 @@ def test_durable_move_fsyncs_both_directories(
     spy = FlushSpy(monkeypatch)
     store.move("q", "a1", State.PENDING, State.PROCESSING, durable=True)
     assert sorted(p for _k, p in spy.calls) == sorted(
-        [str(store.state_dir("q", State.PENDING)), str(store.state_dir("q", State.PROCESSING))])
+        [str(store.state_dir("q", State.PENDING)), str(store.state_dir("q", State.PROCESSING))]
+    )
 
 
 def test_non_durable_move_and_fsync_off_move_never_flush(
@@ -269,8 +282,12 @@ def test_racing_movers_exactly_one_wins_and_the_file_is_in_one_place(store: Stat
         barrier = threading.Barrier(2)
         outcome: dict[State, str] = {}
 
-        def mover(dst: State, item_id: str = item_id, barrier: threading.Barrier = barrier,
-                  outcome: dict[State, str] = outcome) -> None:
+        def mover(
+            dst: State,
+            item_id: str = item_id,
+            barrier: threading.Barrier = barrier,
+            outcome: dict[State, str] = outcome,
+        ) -> None:
             barrier.wait()
             try:
                 store.move("q", item_id, State.PENDING, dst)
@@ -278,8 +295,9 @@ def test_racing_movers_exactly_one_wins_and_the_file_is_in_one_place(store: Stat
             except FileMissing:
                 outcome[dst] = "missing"
 
-        threads = [threading.Thread(target=mover, args=(dst,))
-                   for dst in (State.PROCESSING, State.DONE)]
+        threads = [
+            threading.Thread(target=mover, args=(dst,)) for dst in (State.PROCESSING, State.DONE)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -431,8 +449,7 @@ def test_queues_lists_only_valid_queue_directories(store: StateStore) -> None:
 
 
 @hsettings(max_examples=400, deadline=None, database=None)
-@given(queue=st.text(max_size=70), item_id=st.text(max_size=70),
-       state=st.sampled_from(list(State)))
+@given(queue=st.text(max_size=70), item_id=st.text(max_size=70), state=st.sampled_from(list(State)))
 def test_any_accepted_name_and_id_resolve_to_a_file_directly_inside_its_state_dir(
     queue: str, item_id: str, state: State
 ) -> None:

@@ -21,8 +21,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         queues = options["queues"].split(",") if options["queues"] else None
         try:
-            _key, secret = create_key(name=options["name"], scopes=options["scopes"].split(","),
-                                      queues=queues)
+            _key, secret = create_key(
+                name=options["name"], scopes=options["scopes"].split(","), queues=queues
+            )
         except InvalidInput as exc:
             raise CommandError(exc.message) from exc
         self.stdout.write(secret)

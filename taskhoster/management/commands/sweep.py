@@ -18,13 +18,26 @@ class Command(BaseCommand):
     help = "Apply the clocks: re-queue lapsed leases, fail aged items, delete retained ones."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--every", type=float, default=None, metavar="SECONDS",
-                            help="repeat every SECONDS until interrupted")
-        parser.add_argument("--repair", action="store_true",
-                            help="first rebuild or correct the index from the state directories")
-        parser.add_argument("--grace", type=float, default=None, metavar="SECONDS",
-                            help="with --repair: leave files and rows younger than this alone "
-                            "(default REPAIR_GRACE_SECONDS; 0 when no server is running)")
+        parser.add_argument(
+            "--every",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="repeat every SECONDS until interrupted",
+        )
+        parser.add_argument(
+            "--repair",
+            action="store_true",
+            help="first rebuild or correct the index from the state directories",
+        )
+        parser.add_argument(
+            "--grace",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="with --repair: leave files and rows younger than this alone "
+            "(default REPAIR_GRACE_SECONDS; 0 when no server is running)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         every = options["every"]
