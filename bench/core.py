@@ -22,12 +22,13 @@ import re
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -95,21 +96,26 @@ class Environment:
 
 
 def make_environment(args: argparse.Namespace) -> Environment:
+    parts = urlsplit(args.database_url or "")
+    if args.database_url:
+        if parts.scheme not in ("postgres", "postgresql", "pgsql"):
+            raise BenchError("--database-url must be a postgres:// URL (SQLite is the default)")
+        if parts.hostname not in LOCAL_HOSTS:
+            raise BenchError("this benchmark only talks to 127.0.0.1: use a local PostgreSQL")
     tmp = Path(tempfile.mkdtemp(prefix="taskhoster-bench-", dir=args.tmpdir))
     env = Environment(tmp=tmp, root=tmp / "state")
     env.root.mkdir()
     if not args.database_url:
         env.database_url = f"sqlite:///{tmp / 'bench.sqlite3'}"
         return env
-    parts = urlsplit(args.database_url)
-    if parts.scheme not in ("postgres", "postgresql", "pgsql"):
-        raise BenchError("--database-url must be a postgres:// URL (SQLite is the default)")
-    if parts.hostname not in LOCAL_HOSTS:
-        raise BenchError("this benchmark only talks to 127.0.0.1: use a local PostgreSQL")
     env.label = "postgresql"
     env.pg_admin_url = args.database_url
     name = f"bench_core_{os.getpid()}"
-    _pg_execute(args.database_url, "CREATE DATABASE {}", name)
+    try:
+        _pg_execute(args.database_url, "CREATE DATABASE {}", name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     env.pg_name = name
     env.database_url = urlunsplit(parts._replace(path=f"/{name}"))
     return env
@@ -119,8 +125,11 @@ def _pg_execute(admin_url: str, statement: str, name: str) -> None:
     import psycopg
     from psycopg import sql
 
-    with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(sql.SQL(statement).format(sql.Identifier(name)))
+    try:
+        with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
+            conn.execute(sql.SQL(statement).format(sql.Identifier(name)))
+    except psycopg.Error as exc:
+        raise BenchError(f"PostgreSQL: {exc}".strip()) from exc
 
 
 def destroy_environment(env: Environment, *, keep: bool) -> None:
@@ -161,6 +170,61 @@ def setup_django(env: Environment) -> None:
 
 # -- the server ----------------------------------------------------------------------------
 
+ASGI_APP = "project.asgi:application"
+REUSE_THREADS_APP = "bench.core:reuse_threads_application"
+REUSED_THREADS = 8
+
+
+def __getattr__(name: str) -> Any:
+    """``bench.core:reuse_threads_application`` for daphne (``--experiment reuse-threads``)."""
+    if name == "reuse_threads_application":
+        return _reuse_threads_application()
+    raise AttributeError(name)
+
+
+def _reuse_threads_application() -> Any:
+    """An EXPERIMENT, not the app: the project's ASGI application, but each HTTP request runs
+    its sync code on one of a few long-lived threads instead of a thread of its own.
+
+    Django's ASGI handler enters a ThreadSensitiveContext per request, so asgiref starts a new
+    executor thread (and a second thread to join it) for every request, and Django's
+    thread-local database connection is opened and closed with it. Entering a context with a
+    caller-owned executor first makes Django's inner context a no-op; the threads, and with
+    CONN_MAX_AGE on SQLite their connections, are then reused.
+    """
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asgiref.sync import ThreadSensitiveContext
+    from django.conf import settings
+    from django.db import connections
+
+    from project.asgi import application
+
+    db = settings.DATABASES["default"]
+    if "sqlite" in str(db["ENGINE"]):
+        db["CONN_MAX_AGE"] = None
+        connections.settings["default"]["CONN_MAX_AGE"] = None
+    executors = [ThreadPoolExecutor(max_workers=1) for _ in range(REUSED_THREADS)]
+    free: list[Any] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await application(scope, receive, send)
+            return
+        if not free:
+            free.append(asyncio.Queue())
+            for executor in executors:
+                free[0].put_nowait(executor)
+        executor = await free[0].get()
+        try:
+            async with ThreadSensitiveContext(executor=executor):
+                await application(scope, receive, send)
+        finally:
+            free[0].put_nowait(executor)
+
+    return app
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -169,7 +233,8 @@ def free_port() -> int:
 
 
 class Daphne:
-    def __init__(self, env: Environment, *, fsync: bool) -> None:
+    def __init__(self, env: Environment, *, fsync: bool, app: str = ASGI_APP) -> None:
+        self.app = app
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = env.process_env(fsync=fsync)
@@ -181,7 +246,7 @@ class Daphne:
             # A session of its own: Ctrl-C reaches only us, and we stop daphne ourselves.
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                 "project.asgi:application"],
+                 self.app],
                 cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
@@ -239,6 +304,14 @@ def fill_to(target: int, payload_bytes: int) -> tuple[int, float]:
     return added, time.perf_counter() - started
 
 
+def settle_disk() -> float:
+    """Write back what the unsynced prefill left dirty, so that no measurement pays for it
+    (a batch post's syncfs, or ext4's journal commit under an fsync, would otherwise)."""
+    started = time.perf_counter()
+    os.sync()
+    return time.perf_counter() - started
+
+
 def drop_items(ids: list[str]) -> None:
     """Remove unthreaded items outright (rows and files); only while nothing else uses them."""
     from taskhoster.engine.common import store
@@ -283,11 +356,12 @@ def claim_plan() -> str:
     from django.db import transaction
     from django.utils import timezone
 
-    from taskhoster.models import Item
+    from taskhoster.models import Item, Queue
 
+    queue = Queue.objects.get(name=QUEUE)
     with transaction.atomic():
         qs = (Item.objects.select_for_update(skip_locked=True)
-              .filter(queue__name=QUEUE, eligible=True, scheduled_at__lte=timezone.now())
+              .filter(queue=queue, eligible=True, scheduled_at__lte=timezone.now())
               .order_by("scheduled_at", "seq")[:1])
         plan = qs.explain()
     return " | ".join(line.strip() for line in plan.splitlines() if line.strip())
@@ -484,6 +558,50 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] * 1000
 
 
+def count_queries(key: str, payload_bytes: int) -> dict[str, list[str]]:
+    """The SQL each kind of request runs, through Django's test client in this process
+    (same views, middleware and auth as daphne; independent of the machine's load)."""
+    from django.db import connection, connections
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    client = Client(HTTP_AUTHORIZATION=f"Token {key}")
+    found: dict[str, list[str]] = {}
+
+    def run(label: str, path: str, body: Any, status: int) -> Any:
+        with CaptureQueriesContext(connection) as captured:
+            response = client.post(path, data=json.dumps(body), content_type="application/json")
+        if response.status_code != status:
+            raise BenchError(f"{label}: {response.status_code} {response.content[:200]!r}")
+        found[label] = [_squeeze(q["sql"]) for q in captured.captured_queries]
+        return response.json()
+
+    run("post 1 item", f"/api/queues/{QUEUE}/items", {"payload": payload(0, payload_bytes)}, 201)
+    run(f"post batch of {BATCH_SIZE}", f"/api/queues/{QUEUE}/items",
+        {"items": [{"payload": payload(n, payload_bytes)} for n in range(BATCH_SIZE)]}, 201)
+    claimed = run("claim max=1", f"/api/queues/{QUEUE}/claim", {"max": 1}, 200)
+    item_id = claimed["items"][0]["id"]
+    run("result", f"/api/items/{item_id}/result", {"result": {"ok": True}}, 200)
+    connections.close_all()
+    return found
+
+
+def _squeeze(sql: str) -> str:
+    sql = re.sub(r"\s+", " ", sql)
+    sql = re.sub(r"SELECT .*? FROM", "SELECT … FROM", sql, count=1)
+    return sql[:150] + ("…" if len(sql) > 150 else "")
+
+
+def print_queries(found: dict[str, list[str]]) -> None:
+    say("\n== SQL statements per request (Django test client in the bench process; the server "
+        "also opens and closes a connection per request)")
+    for label, queries in found.items():
+        say(f"   {label}: {len(queries)} statements")
+        shown = queries if len(queries) <= 16 else [*queries[:12], "…", *queries[-3:]]
+        for q in shown:
+            say(f"     {q}")
+
+
 # -- profiling (py-spy, attached to daphne for one measurement at a time) -------------------
 
 
@@ -521,107 +639,65 @@ class Profiler:
 
 
 FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
-PROBES = [
-    # label, function-name regex, file regex (matched against frames, inclusive time)
-    ("fsync of item files and dirs", r"^(_fsync_dir|_sync_filesystem)$|^fsync$", r""),
-    ("store.write (files, incl. fsync)", r"^write$", r"taskhoster/store\.py"),
-    ("store.move (rename)", r"^move$", r"taskhoster/store\.py"),
-    ("store.read", r"^read$", r"taskhoster/store\.py"),
-    ("engine.post_items", r"^post_items$", r"engine/posting\.py"),
-    ("engine.claim", r"^claim$", r"engine/claiming\.py"),
-    ("engine.submit_result", r"^submit_result$", r"engine/verdicts\.py"),
-    ("transaction commit", r"^(__exit__|commit|_commit)$", r"django/db/transaction\.py"),
-    ("DB: open connection", r"^(connect|ensure_connection|get_new_connection)$",
-     r"django/db/backends/base/base\.py"),
-    ("DB: close connection (request end)", r"^(close_old_connections|close)$",
-     r"django/db/(__init__|backends/base/base)\.py"),
-    ("DB: all query execution", r"^(execute|executemany|_execute.*)$",
-     r"django/db/backends/utils\.py"),
-    ("auth: key lookup", r"^authenticate$", r"taskhoster/keys\.py"),
-    ("view: _item_queue_name lookup", r"^_item_queue_name$", r"taskhoster/api/views\.py"),
-    ("metrics flush", r"^maybe_flush$", r"taskhoster/metrics\.py"),
-    ("request body parse + validation", r"^(validated|_parse|parse)$",
-     r"taskhoster/api/(serializers|parsers)\.py|rest_framework/request\.py"),
-    ("response render (item_to_wire + JSON)", r"^(item_to_wire|render|rendered_content)$",
-     r"taskhoster/api/serializers\.py|rest_framework/renderers\.py|django/template/response\.py"),
-    ("Django middleware outside the view", r"^(__call__|process_request|process_response)$",
-     r"django/(contrib/(sessions|messages|auth)|middleware)/"),
-]
+Frame = tuple[str, str, int]  # qualified function, file, line
+APP_FILES = ("django/", "rest_framework/", "taskhoster/", "asgiref/")
 
 
-def _parse_frame(text: str) -> tuple[str, str, int]:
+def _lines_calling(path: Path, needle: str) -> set[int]:
+    try:
+        return {n for n, text in enumerate(path.read_text().splitlines(), 1) if needle in text}
+    except OSError:
+        return set()
+
+
+def _probes() -> list[tuple[str, Callable[[list[Frame]], bool]]]:
+    """Named slices of a request, matched against a sample's stack (inclusive time)."""
+    fsync_lines = _lines_calling(REPO / "taskhoster" / "store.py", "os.fsync(fd)")
+
+    def any_frame(func: str, file: str = "") -> Callable[[list[Frame]], bool]:
+        pattern = re.compile(func)
+        return lambda frames: any(pattern.search(fn) and file in f for fn, f, _ in frames)
+
+    def file_fsync(frames: list[Frame]) -> bool:
+        fn, _file, line = frames[-1]
+        return fn.endswith("StateStore.write") and line in fsync_lines
+
+    return [
+        ("fsync of the item file (os.fsync in StateStore.write)", file_fsync),
+        ("fsync of the state directory (StateStore._fsync_dir)", any_frame(r"\._fsync_dir$")),
+        ("syncfs of a batch (StateStore._sync_filesystem)", any_frame(r"\._sync_filesystem$")),
+        ("StateStore.write, all of it", any_frame(r"StateStore\.write$")),
+        ("StateStore.move (rename)", any_frame(r"StateStore\.move$")),
+        ("StateStore.read", any_frame(r"StateStore\.read$")),
+        ("DB: open a connection (per request thread)",
+         any_frame(r"\.(connect|get_new_connection)$", "django/db/backends/")),
+        ("DB: close the connection (request end)",
+         any_frame(r"\._close$|\.close$", "django/db/backends/base/base.py")),
+        ("DB: COMMIT", any_frame(r"\._commit$", "django/db/backends/")),
+        ("DB: executing queries", any_frame(r"\._execute$|\._executemany$",
+                                            "django/db/backends/utils.py")),
+        ("auth: key lookup (keys.authenticate)", any_frame(r"(^|\.)authenticate$",
+                                                          "taskhoster/keys.py")),
+        ("view: _item_queue_name lookup", any_frame(r"_item_queue_name$")),
+        ("metrics.maybe_flush", any_frame(r"maybe_flush$", "taskhoster/metrics.py")),
+        ("engine.post_items", any_frame(r"(^|\.)post_items$", "engine/posting.py")),
+        ("engine.claim", any_frame(r"(^|\.)claim$", "engine/claiming.py")),
+        ("engine.submit_result", any_frame(r"(^|\.)submit_result$", "engine/verdicts.py")),
+        ("request parsing + validation (validated)", any_frame(r"(^|\.)validated$")),
+        ("response: item_to_wire + JSON render", any_frame(
+            r"(^|\.)item_to_wire$|JSONRenderer\.render$")),
+    ]
+
+
+def _parse_frame(text: str) -> Frame:
     match = FRAME.match(text.strip())
     if not match:
         return text.strip(), "", 0
     return match["func"], match["file"], int(match["line"] or 0)
 
 
-def summarize_profile(path: Path, rate: int, seconds: float, ops: int, what: str) -> dict[str, Any]:
-    """Where daphne's time went during one measurement, per operation."""
-    samples: list[tuple[str, list[tuple[str, str, int]], int]] = []
-    if not path.exists():
-        return {"error": "py-spy wrote no profile"}
-    for line in path.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        frames = stack.split(";")
-        samples.append((frames[0], [_parse_frame(f) for f in frames[1:]], int(count)))
-    per_thread: dict[str, int] = defaultdict(int)
-    in_view: dict[str, int] = defaultdict(int)
-    for thread, frames, count in samples:
-        per_thread[thread] += count
-        if any("rest_framework/views.py" in f or "django/core/handlers" in f for _, f, _ in frames):
-            in_view[thread] += count
-    if not in_view:
-        return {"error": "no samples inside Django"}
-    # The thread that runs the sync views (asgiref's single thread-sensitive executor).
-    worker = max(in_view, key=lambda t: in_view[t])
-    total = per_thread[worker]
-    ms_per_sample = 1000 / rate
-    busy = 0
-    probes: Counter[str] = Counter()
-    functions: Counter[str] = Counter()
-    leaves: Counter[str] = Counter()
-    compiled = [(label, re.compile(fn), re.compile(fl)) for label, fn, fl in PROBES]
-    for thread, frames, count in samples:
-        if thread != worker:
-            continue
-        if not any("django/core/handlers" in f or "rest_framework/views.py" in f
-                   for _, f, _ in frames):
-            continue  # idle, waiting for the next request
-        busy += count
-        for label, fn_re, file_re in compiled:
-            if any(fn_re.search(fn) and file_re.search(f) for fn, f, _ in frames):
-                probes[label] += count
-        seen = set()
-        for fn, f, _ in frames:
-            key = f"{fn} ({_short(f)})"
-            if key not in seen:
-                seen.add(key)
-                functions[key] += count
-        fn, f, ln = frames[-1]
-        leaves[f"{fn} ({_short(f)}:{ln})"] += count
-    ops = max(ops, 1)
-    other_busy = sum(c for t, c in per_thread.items() if t != worker)
-    report = {
-        "what": what,
-        "samples_worker_thread": total,
-        "worker_busy_ms_per_op": busy * ms_per_sample / ops,
-        "worker_busy_fraction": busy / total if total else 0.0,
-        "other_threads_samples_per_op": other_busy / ops,
-        "probes_ms_per_op": {k: v * ms_per_sample / ops for k, v in probes.most_common()},
-        "top_functions_ms_per_op": {k: v * ms_per_sample / ops
-                                    for k, v in functions.most_common(60)
-                                    if v < 0.97 * busy}, "top_leaves_ms_per_op": {
-            k: v * ms_per_sample / ops for k, v in leaves.most_common(15)},
-    }
-    report["top_functions_ms_per_op"] = dict(list(report["top_functions_ms_per_op"].items())[:25])
-    return report
-
-
 def _short(path: str) -> str:
-    for marker in ("site-packages/", "lib/python3"):
+    for marker in ("site-packages/", "lib/python3.11/", "lib/python3"):
         if marker in path:
             return path.split(marker, 1)[1]
     with contextlib.suppress(ValueError):
@@ -629,22 +705,79 @@ def _short(path: str) -> str:
     return path
 
 
+def summarize_profile(path: Path, rate: int, ops: int, what: str) -> dict[str, Any]:
+    """Where daphne's time went during one measurement, in milliseconds per operation.
+
+    Django runs each request's sync code in a thread of its own (its ASGI handler opens a
+    ThreadSensitiveContext per request), so the "request threads" are all threads but the
+    main one; the main thread is daphne's reactor (HTTP parsing, asyncio, thread hand-offs).
+    """
+    if not path.exists():
+        return {"what": what, "error": "py-spy wrote no profile"}
+    ms = 1000 / rate / max(ops, 1)
+    probes = _probes()
+    main_busy = 0
+    main_leaves: Counter[str] = Counter()
+    req_busy = 0
+    probe_hits: Counter[str] = Counter()
+    functions: Counter[str] = Counter()
+    leaves: Counter[str] = Counter()
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        thread, *rest = stack.split(";")
+        frames = [_parse_frame(f) for f in rest]
+        if not frames:
+            continue
+        leaf = frames[-1]
+        leaf_key = f"{leaf[0]} ({_short(leaf[1])}:{leaf[2]})"
+        if thread.endswith("MainThread"):
+            if not leaf[0].endswith("Selector.select"):
+                main_busy += count
+                main_leaves[leaf_key] += count
+            continue
+        if not any(marker in f for _, f, _ in frames for marker in APP_FILES):
+            continue  # an executor thread idling before it exits
+        req_busy += count
+        leaves[leaf_key] += count
+        for label, matches in probes:
+            if matches(frames):
+                probe_hits[label] += count
+        for key in dict.fromkeys(f"{fn} ({_short(f)})" for fn, f, _ in frames):
+            functions[key] += count
+    return {
+        "what": what,
+        "ops": ops,
+        "request_threads_ms_per_op": req_busy * ms,
+        "reactor_busy_ms_per_op": main_busy * ms,
+        "probes_ms_per_op": {k: round(v * ms, 3) for k, v in probe_hits.most_common()},
+        "top_functions_ms_per_op": {
+            k: round(v * ms, 3) for k, v in functions.most_common(80) if v < 0.9 * req_busy
+        },
+        "top_leaves_ms_per_op": {k: round(v * ms, 3) for k, v in leaves.most_common(12)},
+        "reactor_top_leaves_ms_per_op": {
+            k: round(v * ms, 3) for k, v in main_leaves.most_common(6)},
+    }
+
+
 def print_profile(report: dict[str, Any]) -> None:
     say(f"\n== profile: {report.get('what')}")
     if "error" in report:
         say(f"   {report['error']}")
         return
-    say(f"   Django worker thread busy {report['worker_busy_ms_per_op']:.2f} ms per op "
-        f"({report['worker_busy_fraction']:.0%} of the measurement)")
-    say("   inclusive, ms per op:")
-    for k, v in report["probes_ms_per_op"].items():
-        say(f"     {v:7.3f}  {k}")
-    say("   top functions (inclusive, ms per op):")
-    for k, v in list(report["top_functions_ms_per_op"].items())[:20]:
-        say(f"     {v:7.3f}  {k}")
-    say("   top leaf lines (self, ms per op):")
-    for k, v in report["top_leaves_ms_per_op"].items():
-        say(f"     {v:7.3f}  {k}")
+    say(f"   request threads {report['request_threads_ms_per_op']:.2f} ms per op; "
+        f"daphne's reactor thread busy {report['reactor_busy_ms_per_op']:.2f} ms per op "
+        f"({report['ops']} ops; wall time includes waiting on disk and locks)")
+    sections = [("named slices (inclusive)", "probes_ms_per_op", 30),
+                ("top functions (inclusive)", "top_functions_ms_per_op", 25),
+                ("top leaf lines, request threads (self)", "top_leaves_ms_per_op", 12),
+                ("top leaf lines, reactor thread (self)", "reactor_top_leaves_ms_per_op", 6)]
+    for title, key, limit in sections:
+        say(f"   {title}, ms per op:")
+        for k, v in list(report[key].items())[:limit]:
+            say(f"     {v:7.3f}  {k}")
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -667,63 +800,83 @@ def filesystem_of(path: Path) -> str:
     return kind
 
 
-def measure_all(args: argparse.Namespace, env: Environment, key: str, server: Daphne,
-                rows: list[Row], profiles: list[dict[str, Any]]) -> None:
+def measure_once(args: argparse.Namespace, env: Environment, key: str, server: Daphne,
+                 waiting: int, name: str, run: int) -> tuple[Row, dict[str, Any] | None]:
     from django.db import connections
 
+    what, threads, unit_name = MEASUREMENTS[name]
+    op, unit, requests_per_op = make_op(name, args.payload_bytes)
+    cap = args.max_items
+    if name.startswith("claim"):
+        # Claims consume the waiting items: stop at half, so "N waiting" stays >= N/2.
+        cap = min(cap, max(1, waiting // 2))
+    start_waiting = pending_count()
+    marker = f"{time.time_ns() // 1000:014x}"  # every item posted from now on sorts after it
+    connections.close_all()  # no connection of ours stays open while measuring
+    profiler = None
+    if args.profile and server.proc:
+        out = args.profile / f"{env.label}-{waiting}-{name}-{run}.txt"
+        profiler = Profiler(server.proc.pid, out, args.seconds, args.profile_rate)
+    try:
+        outcome = run_load(server.url, key, op, threads=threads, seconds=args.seconds,
+                           cap=cap, unit=unit, warmup=args.warmup)
+    finally:
+        if profiler:
+            profiler.finish()
+    end_waiting = pending_count()
+    ops = outcome.count // unit
+    row = Row(
+        database=env.label, waiting=start_waiting, waiting_end=end_waiting, what=what,
+        name=name, unit=unit_name, count=outcome.count, seconds=round(outcome.seconds, 3),
+        per_second=round(outcome.count / outcome.seconds, 1) if outcome.seconds else 0.0,
+        requests=ops * requests_per_op,
+        p50_ms=round(percentile(outcome.latencies, 0.50), 2),
+        p99_ms=round(percentile(outcome.latencies, 0.99), 2),
+        errors=outcome.errors, note=outcome.note,
+    )
+    report = None
+    if profiler:
+        report = summarize_profile(profiler.out, args.profile_rate, ops,
+                                   f"{env.label}, {waiting:,} waiting, {what}")
+    # Put the queue back to exactly N waiting for the next measurement.
+    if name.startswith("claim"):
+        drop_claimed()
+        fill_to(waiting, args.payload_bytes)
+    else:
+        drop_posted_since(marker)
+    connections.close_all()
+    settle_disk()
+    return row, report
+
+
+def measure_all(args: argparse.Namespace, env: Environment, key: str, server: Daphne,
+                rows: list[Row], runs: list[Row], profiles: list[dict[str, Any]]) -> None:
     for waiting in args.waiting:
         added, took = fill_to(waiting, args.payload_bytes)
         analyze_database()
-        say(f"[{env.label}] {waiting:,} waiting (prefilled {added:,} in {took:.1f} s)")
+        synced = settle_disk()
+        say(f"[{env.label}] {waiting:,} waiting (prefilled {added:,} in {took:.1f} s, "
+            f"then sync {synced:.1f} s)")
         if args.explain:
             say(f"   claim plan: {claim_plan()}")
         for name in args.only:
-            what, threads, unit_name = MEASUREMENTS[name]
-            op, unit, requests_per_op = make_op(name, args.payload_bytes)
-            cap = args.max_items
-            if name.startswith("claim"):
-                # Claims consume the waiting items: stop at half so "N waiting" stays >= N/2.
-                cap = min(cap, max(1, waiting // 2))
-            start_waiting = pending_count()
-            marker = f"{time.time_ns() // 1000:014x}"
-            connections.close_all()
-            profiler = None
-            if args.profile:
-                out = args.profile / f"{env.label}-{waiting}-{name}.txt"
-                profiler = Profiler(server.proc.pid if server.proc else 0, out, args.seconds,
-                                    args.profile_rate)
-            try:
-                outcome = run_load(server.url, key, op, threads=threads, seconds=args.seconds,
-                                   cap=cap, unit=unit, warmup=args.warmup)
-            finally:
-                if profiler:
-                    profiler.finish()
-            end_waiting = pending_count()
-            ops = outcome.count // unit
-            row = Row(
-                database=env.label, waiting=start_waiting, waiting_end=end_waiting, what=what,
-                name=name, unit=unit_name, count=outcome.count,
-                seconds=round(outcome.seconds, 3),
-                per_second=round(outcome.count / outcome.seconds, 1) if outcome.seconds else 0.0,
-                requests=ops * requests_per_op,
-                p50_ms=round(percentile(outcome.latencies, 0.50), 2),
-                p99_ms=round(percentile(outcome.latencies, 0.99), 2),
-                errors=outcome.errors, note=outcome.note,
-            )
-            rows.append(row)
-            say("   " + format_row(row))
-            if profiler:
-                report = summarize_profile(profiler.out, args.profile_rate, outcome.seconds,
-                                           ops, f"{env.label}, {waiting:,} waiting, {what}")
-                profiles.append(report)
-                print_profile(report)
-            # Put the queue back to N waiting for the next measurement.
-            if name.startswith("claim"):
-                drop_claimed()
-                fill_to(waiting, args.payload_bytes)
-            else:
-                drop_posted_since(marker)
-            connections.close_all()
+            mine: list[Row] = []
+            for run in range(args.repeat):
+                row, report = measure_once(args, env, key, server, waiting, name, run)
+                mine.append(row)
+                say("   " + format_row(row))
+                if report is not None:
+                    profiles.append(report)
+                    print_profile(report)
+            runs.extend(mine)
+            ranked = sorted(mine, key=lambda r: r.per_second)
+            median = ranked[len(ranked) // 2]
+            if len(mine) > 1:
+                low, high = ranked[0].per_second, ranked[-1].per_second
+                spread = f"median of {len(mine)}: {low:g}-{high:g}/s"
+                median = Row(**{**asdict(median), "note": "; ".join(
+                    x for x in (spread, median.note) if x)})
+            rows.append(median)
 
 
 HEADER = (f"{'database':<10} {'waiting':>9} {'what':<36} {'count':>7} {'seconds':>7} "
@@ -751,6 +904,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "default: a fresh SQLite file")
     parser.add_argument("--only", default=",".join(MEASUREMENTS),
                         help=f"measurements to run, of: {', '.join(MEASUREMENTS)}")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run each measurement this many times and report the median run")
     parser.add_argument("--max-items", type=int, default=50_000,
                         help="cap on items (or round trips) per measurement")
     parser.add_argument("--payload-bytes", type=int, default=200)
@@ -763,6 +918,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile-rate", type=int, default=250, help="py-spy samples/s")
     parser.add_argument("--explain", action=argparse.BooleanOptionalAction, default=True,
                         help="print the claim query's plan at each waiting count")
+    parser.add_argument("--hold-db-connection", action="store_true",
+                        help="SQLite: keep one idle connection to the database open in this "
+                        "process while measuring (what an always-connected process would do: "
+                        "the server's per-request connections then never close the last "
+                        "connection, so SQLite does not checkpoint and drop the WAL each time)")
+    parser.add_argument("--experiment", choices=["none", "reuse-threads"], default="none",
+                        help="reuse-threads: serve through bench.core:reuse_threads_application "
+                        "(a few long-lived request threads with persistent SQLite connections "
+                        "instead of a new thread and connection per request); NOT the app as "
+                        "shipped, only to size a suggested fix")
+    parser.add_argument("--count-queries", action=argparse.BooleanOptionalAction, default=True,
+                        help="at the end, list the SQL each kind of request runs")
     parser.add_argument("--tmpdir", help="where to create the run's temp dir")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, state)")
     args = parser.parse_args(argv)
@@ -778,6 +945,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--only takes some of {', '.join(MEASUREMENTS)}")
     if not 0 < args.seconds <= 600:
         parser.error("--seconds must be in (0, 600]")
+    if not 1 <= args.repeat <= 20:
+        parser.error("--repeat must be 1..20")
     if not 0 < args.max_items <= 1_000_000:
         parser.error("--max-items must be 1..1,000,000")
     if not 0 <= args.payload_bytes <= 100_000:
@@ -799,7 +968,8 @@ def running(args: argparse.Namespace) -> Iterator[tuple[Environment, Daphne]]:
         env = make_environment(args)
         migrate(env)
         setup_django(env)
-        server = Daphne(env, fsync=args.fsync)
+        app = REUSE_THREADS_APP if args.experiment == "reuse-threads" else ASGI_APP
+        server = Daphne(env, fsync=args.fsync, app=app)
         yield env, server
     finally:
         if server is not None:
@@ -810,12 +980,16 @@ def running(args: argparse.Namespace) -> Iterator[tuple[Environment, Daphne]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Ctrl-C and SIGTERM both unwind through the clean-up (SIGINT explicitly: a shell may
+    # have started us with it ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
     rows: list[Row] = []
+    runs: list[Row] = []
     profiles: list[dict[str, Any]] = []
     meta: dict[str, Any] = {}
     try:
-        with running(args) as (env, server):
+        with running(args) as (env, server), contextlib.ExitStack() as stack:
             from taskhoster import engine
             from taskhoster.keys import create_key
 
@@ -827,15 +1001,24 @@ def main(argv: list[str] | None = None) -> int:
                 "cpus": os.cpu_count(), "filesystem": filesystem_of(env.root),
                 "fsync_probe_ms": round(fsync_probe(env.root), 3),
                 "load_before": load_average(),
-                "profiled": bool(args.profile),
+                "profiled": bool(args.profile), "experiment": args.experiment,
+                "held_db_connection": False,
             }
             say(f"[{env.label}] state root {env.root} ({meta['filesystem']}); "
                 f"write+fsync+dir fsync ~ {meta['fsync_probe_ms']:.2f} ms; "
                 f"load average {meta['load_before']}; {meta['cpus']} CPUs")
+            if args.hold_db_connection and env.label == "sqlite":
+                holder = sqlite3.connect(env.database_url.removeprefix("sqlite:///"))
+                holder.execute("SELECT count(*) FROM sqlite_master").fetchall()
+                meta["held_db_connection"] = True
+                stack.callback(holder.close)
             server.start()
             say(f"[{env.label}] daphne on {server.url} (fsync {'on' if args.fsync else 'off'})")
             say("   " + HEADER)
-            measure_all(args, env, key, server, rows, profiles)
+            measure_all(args, env, key, server, rows, runs, profiles)
+            if args.count_queries:
+                meta["queries"] = count_queries(key, args.payload_bytes)
+                print_queries(meta["queries"])
             meta["load_after"] = load_average()
     except KeyboardInterrupt:
         say("interrupted; cleaned up")
@@ -844,14 +1027,18 @@ def main(argv: list[str] | None = None) -> int:
         say(f"error: {exc}")
         return 1
     print(f"\nTaskhoster core benchmark: {meta.get('database')}, fsync "
-          f"{'on' if args.fsync else 'off'}, {args.seconds:g} s per measurement, "
+          f"{'on' if args.fsync else 'off'}, {args.seconds:g} s per measurement"
+          f"{f' (median of {args.repeat} runs)' if args.repeat > 1 else ''}, "
           f"load average {meta.get('load_before')} -> {meta.get('load_after')}"
-          + (" (PROFILED: slowed by py-spy)" if args.profile else ""))
+          + (" (PROFILED: slowed by py-spy)" if args.profile else "")
+          + (f" (EXPERIMENT {args.experiment})" if args.experiment != "none" else "")
+          + (" (an idle SQLite connection held open)" if meta.get("held_db_connection") else ""))
     print(HEADER)
     for row in rows:
         print(format_row(row))
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in rows],
+                                         "runs": [asdict(r) for r in runs],
                                          "profiles": profiles}, indent=2))
         print(f"wrote {args.json}")
     return 0
