@@ -12,11 +12,12 @@ django_asgi_app = ASGIStaticFilesHandler(get_asgi_application())
 # Imported only once Django is set up: the consumers import models.
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from taskhoster.asgi import PooledRequestThreads  # noqa: E402
 from taskhoster.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": PooledRequestThreads(django_asgi_app),
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )

@@ -93,6 +93,7 @@ def _database() -> dict[str, object]:
     engine = str(config["ENGINE"])
     options: dict[str, object] = dict(config.get("OPTIONS") or {})  # type: ignore[call-overload]
     if "sqlite" in engine:
+        config["ENGINE"] = "taskhoster.db.sqlite"
         # WAL lets readers run beside the writer; IMMEDIATE makes every write transaction
         # take the lock at BEGIN, so two writers never deadlock upgrading a read lock.
         # synchronous=NORMAL is enough: durability comes from the item files, and the index
@@ -119,7 +120,9 @@ def _database() -> dict[str, object]:
         if _env_flag("TASKHOSTER_DB_POOL", True):
             options.setdefault("pool", {"min_size": 1, "max_size": 20, "timeout": 30})
     config["OPTIONS"] = options
-    config.setdefault("CONN_MAX_AGE", 0)
+    # SQLite: a request thread keeps its connection (see taskhoster/asgi.py); PostgreSQL:
+    # connections come from the pool, which needs CONN_MAX_AGE 0.
+    config["CONN_MAX_AGE"] = None if "sqlite" in engine else 0
     return config
 
 

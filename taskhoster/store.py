@@ -60,6 +60,12 @@ _syncfs = _load_syncfs()
 
 
 @dataclass(frozen=True)
+class Staged:
+    tmp: Path
+    final: Path
+
+
+@dataclass(frozen=True)
 class FoundFile:
     queue: str
     state: State
@@ -144,6 +150,49 @@ class StateStore:
             for tmp, _final in staged:
                 with contextlib.suppress(OSError):
                     tmp.unlink()
+
+    def stage(self, queue: str, state: State, record: Record, *, durable: bool) -> Staged:
+        """Write ``record`` to a temporary file beside its final place, flushed if
+        ``durable``; ``install`` renames it into place, ``discard`` drops it.
+
+        This lets the slow part of a durable write happen before a lock is taken.
+        """
+        final = self.item_path(queue, state, record["id"])
+        data = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode()
+        tmp = final.parent / f".{record['id']}.{secrets.token_hex(4)}{TMP_SUFFIX}"
+        try:
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+            except FileNotFoundError:
+                self.ensure_queue(queue)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if durable and self.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise StoreError(f"could not write item file: {exc}") from exc
+        return Staged(tmp=tmp, final=final)
+
+    def install(self, staged: Staged, *, durable: bool) -> None:
+        """Rename a staged file into place; with ``durable``, flush the directory entry."""
+        try:
+            os.replace(staged.tmp, staged.final)
+        except OSError as exc:
+            raise StoreError(f"could not install item file: {exc}") from exc
+        if durable and self.fsync:
+            self._fsync_dir(staged.final.parent)
+
+    @staticmethod
+    def discard(staged: Staged) -> None:
+        with contextlib.suppress(OSError):
+            staged.tmp.unlink()
 
     def move(
         self, queue: str, item_id: str, src: State, dst: State, *, durable: bool = False

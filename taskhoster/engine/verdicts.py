@@ -19,8 +19,8 @@ from .. import metrics
 from ..errors import ItemNotFound
 from ..faults import crash_point
 from ..models import Item, Queue
-from ..status import Status
-from ..store import FileMissing
+from ..status import State, Status
+from ..store import FileMissing, Staged
 from ..timeutil import now as utcnow
 from .common import (
     Locked,
@@ -32,9 +32,11 @@ from .common import (
     leave_thread,
     lock_item,
     read_record,
+    record_from_row,
     rewrite,
     seconds,
     settle_thread,
+    store,
 )
 
 LEASE_EXPIRED = "lease expired"
@@ -68,7 +70,63 @@ def _read_or_forget(locked: Locked) -> tuple[Any, Any]:
 
 
 def submit_result(*, item_id: str, result: Any) -> Verdict:
-    """Rule 3: the first result for a non-terminal item wins, lease or no lease."""
+    """Rule 3: the first result for a non-terminal item wins, lease or no lease.
+
+    The done file is written and flushed before the row lock is taken; under the lock the
+    item is re-checked (same status, same ``rev``) and the file only renamed into place, so
+    the write lock is never held across a data flush. If the item changed meanwhile, the
+    staged file is dropped and the result tried again against the item's new state.
+    """
+    st = store()
+    for _attempt in range(5):
+        seen = Item.objects.select_related("queue").filter(id=item_id).first()
+        if seen is None:
+            raise ItemNotFound(f"item {item_id!r} does not exist")
+        if Status(seen.status).is_terminal:
+            return Verdict(False, seen.status, seen)
+        queue_name, seen_status, seen_rev = seen.queue.name, seen.status, seen.rev
+        try:
+            old_state, record = read_record(queue_name, seen)
+        except FileMissing:
+            break
+        done = seen
+        _finish_row(done, Status.FINISHED, error=None)
+        done.rev += 1
+        staged: Staged | None = st.stage(
+            queue_name,
+            State.DONE,
+            record_from_row(done, queue_name, payload=record.get("payload"), result=result),
+            durable=True,
+        )
+        try:
+            with transaction.atomic():
+                locked = _lock_or_404(item_id)
+                row = locked.row
+                if Status(row.status).is_terminal:
+                    return Verdict(False, row.status, row)
+                if row.status != seen_status or row.rev != seen_rev:
+                    continue  # changed since we read it: stage again from its new state
+                assert staged is not None
+                st.install(staged, durable=True)
+                staged = None
+                st.unlink(queue_name, item_id, [old_state])
+                crash_point("result.after_done_file")
+                _finish_row(row, Status.FINISHED, error=None, at=done.finished_at)
+                row.rev = done.rev
+                row.save()
+                leave_thread(locked.thread, queue_name, row.id)
+                announce_verdict(queue_name, row.id, row.status)
+        finally:
+            if staged is not None:
+                st.discard(staged)
+        crash_point("result.after_commit")
+        return Verdict(True, row.status, row)
+    return _submit_result_locked(item_id, result)
+
+
+def _submit_result_locked(item_id: str, result: Any) -> Verdict:
+    """Everything under the lock: for an item that kept changing under us, or whose file
+    is missing."""
     with transaction.atomic():
         locked = _lock_or_404(item_id)
         row = locked.row

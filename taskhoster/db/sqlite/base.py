@@ -1,0 +1,54 @@
+"""SQLite, with write transactions handed over in order within a process.
+
+SQLite allows one writer at a time. A thread that finds the write lock taken is made to
+wait by SQLite's busy handler, which sleeps and retries (sleeps of up to 100 ms), so under
+concurrency a short transaction can wait far longer than the one before it took. Here the
+threads of one process queue on a lock of our own before ``BEGIN IMMEDIATE``, so the lock
+passes straight from one to the next; only other processes (a sweep, a second server) still
+meet the busy handler.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from django.db.backends.sqlite3 import base
+
+_writer = threading.Lock()
+
+
+class DatabaseWrapper(base.DatabaseWrapper):
+    holds_writer = False
+
+    def _start_transaction_under_autocommit(self) -> None:
+        _writer.acquire()
+        self.holds_writer = True
+        try:
+            super()._start_transaction_under_autocommit()  # type: ignore[misc]
+        except BaseException:
+            self._release_writer()
+            raise
+
+    def _release_writer(self) -> None:
+        if self.holds_writer:
+            self.holds_writer = False
+            _writer.release()
+
+    def _commit(self) -> Any:
+        try:
+            return super()._commit()  # type: ignore[misc]
+        finally:
+            self._release_writer()
+
+    def _rollback(self) -> Any:
+        try:
+            return super()._rollback()  # type: ignore[misc]
+        finally:
+            self._release_writer()
+
+    def _close(self) -> Any:
+        try:
+            return super()._close()  # type: ignore[misc]
+        finally:
+            self._release_writer()
