@@ -6,101 +6,258 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='ApiKey',
+            name="ApiKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('prefix', models.CharField(help_text='The first characters, to recognise a key.', max_length=12)),
-                ('key_hash', models.CharField(max_length=64, unique=True)),
-                ('scopes', models.JSONField(default=list, help_text='Any of: produce, work, manage.')),
-                ('queues', models.JSONField(blank=True, help_text='Queue names this key is limited to; empty = all.', null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('revoked_at', models.DateTimeField(blank=True, null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100)),
+                (
+                    "prefix",
+                    models.CharField(
+                        help_text="The first characters, to recognise a key.", max_length=12
+                    ),
+                ),
+                ("key_hash", models.CharField(max_length=64, unique=True)),
+                (
+                    "scopes",
+                    models.JSONField(default=list, help_text="Any of: produce, work, manage."),
+                ),
+                (
+                    "queues",
+                    models.JSONField(
+                        blank=True,
+                        help_text="Queue names this key is limited to; empty = all.",
+                        null=True,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("revoked_at", models.DateTimeField(blank=True, null=True)),
             ],
         ),
         migrations.CreateModel(
-            name='Queue',
+            name="Queue",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64, unique=True)),
-                ('lease_seconds', models.FloatField(default=60.0, help_text='How long a claim lasts unless extended.')),
-                ('queue_seconds', models.FloatField(default=86400.0, help_text="An item older than this (from postedAt) fails with error 'timeout'.")),
-                ('retain_seconds', models.FloatField(default=3600.0, help_text='A done item is deleted this long after retainFrom.')),
-                ('retain_from', models.CharField(choices=[('finished', 'finished'), ('fetched', 'fetched')], default='finished', help_text="'finished': the clock starts at completion; 'fetched': at a producer's first read of the terminal item (never read = kept).", max_length=16)),
-                ('max_attempts', models.PositiveIntegerField(blank=True, help_text='Empty = unlimited; else an item that would be re-queued after its maxAttempts-th claim dies instead.', null=True)),
-                ('backoff_seconds', models.FloatField(default=1.0, help_text='First retry delay after a retryable failure; doubles each attempt.')),
-                ('backoff_max_seconds', models.FloatField(default=300.0, help_text='Cap on the retry delay.')),
-                ('dead_letter_queue', models.CharField(blank=True, help_text='Name of another queue; an item that dies is copied there as a new pending item.', max_length=64, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('deleting', models.BooleanField(default=False)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=64, unique=True)),
+                (
+                    "lease_seconds",
+                    models.FloatField(
+                        default=60.0, help_text="How long a claim lasts unless extended."
+                    ),
+                ),
+                (
+                    "queue_seconds",
+                    models.FloatField(
+                        default=86400.0,
+                        help_text="An item older than this (from postedAt) fails with error 'timeout'.",
+                    ),
+                ),
+                (
+                    "retain_seconds",
+                    models.FloatField(
+                        default=3600.0,
+                        help_text="A done item is deleted this long after retainFrom.",
+                    ),
+                ),
+                (
+                    "retain_from",
+                    models.CharField(
+                        choices=[("finished", "finished"), ("fetched", "fetched")],
+                        default="finished",
+                        help_text="'finished': the clock starts at completion; 'fetched': at a producer's first read of the terminal item (never read = kept).",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "max_attempts",
+                    models.PositiveIntegerField(
+                        blank=True,
+                        help_text="Empty = unlimited; else an item that would be re-queued after its maxAttempts-th claim dies instead.",
+                        null=True,
+                    ),
+                ),
+                (
+                    "backoff_seconds",
+                    models.FloatField(
+                        default=1.0,
+                        help_text="First retry delay after a retryable failure; doubles each attempt.",
+                    ),
+                ),
+                (
+                    "backoff_max_seconds",
+                    models.FloatField(default=300.0, help_text="Cap on the retry delay."),
+                ),
+                (
+                    "dead_letter_queue",
+                    models.CharField(
+                        blank=True,
+                        help_text="Name of another queue; an item that dies is copied there as a new pending item.",
+                        max_length=64,
+                        null=True,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("deleting", models.BooleanField(default=False)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Counter',
+            name="Counter",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('process', models.CharField(max_length=64)),
-                ('queue', models.CharField(max_length=64)),
-                ('name', models.CharField(max_length=64)),
-                ('value', models.FloatField(default=0)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("process", models.CharField(max_length=64)),
+                ("queue", models.CharField(max_length=64)),
+                ("name", models.CharField(max_length=64)),
+                ("value", models.FloatField(default=0)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('process', 'queue', 'name'), name='counter_unique')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("process", "queue", "name"), name="counter_unique"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Item',
+            name="Item",
             fields=[
-                ('id', models.CharField(max_length=64, primary_key=True, serialize=False)),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('processing', 'Processing'), ('finished', 'Finished'), ('failed', 'Failed')], default=taskhoster.status.Status['PENDING'], max_length=16)),
-                ('eligible', models.BooleanField(default=False)),
-                ('thread_id', models.CharField(blank=True, max_length=200, null=True)),
-                ('key', models.CharField(blank=True, max_length=200, null=True)),
-                ('seq', models.CharField(max_length=64)),
-                ('scheduled_at', models.DateTimeField()),
-                ('posted_at', models.DateTimeField()),
-                ('attempts', models.PositiveIntegerField(default=0)),
-                ('lease', models.CharField(blank=True, max_length=64, null=True)),
-                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('claimed_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('fetched_at', models.DateTimeField(blank=True, null=True)),
-                ('error', models.TextField(blank=True, null=True)),
-                ('origin', models.JSONField(blank=True, null=True)),
-                ('dead_letter', models.CharField(blank=True, max_length=64, null=True)),
-                ('rev', models.PositiveIntegerField(default=1)),
-                ('updated_at', models.DateTimeField()),
-                ('queue', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='items', to='taskhoster.queue')),
+                ("id", models.CharField(max_length=64, primary_key=True, serialize=False)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("processing", "Processing"),
+                            ("finished", "Finished"),
+                            ("failed", "Failed"),
+                        ],
+                        default=taskhoster.status.Status["PENDING"],
+                        max_length=16,
+                    ),
+                ),
+                ("eligible", models.BooleanField(default=False)),
+                ("thread_id", models.CharField(blank=True, max_length=200, null=True)),
+                ("key", models.CharField(blank=True, max_length=200, null=True)),
+                ("seq", models.CharField(max_length=64)),
+                ("scheduled_at", models.DateTimeField()),
+                ("posted_at", models.DateTimeField()),
+                ("attempts", models.PositiveIntegerField(default=0)),
+                ("lease", models.CharField(blank=True, max_length=64, null=True)),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                ("claimed_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("fetched_at", models.DateTimeField(blank=True, null=True)),
+                ("error", models.TextField(blank=True, null=True)),
+                ("origin", models.JSONField(blank=True, null=True)),
+                ("dead_letter", models.CharField(blank=True, max_length=64, null=True)),
+                ("rev", models.PositiveIntegerField(default=1)),
+                ("updated_at", models.DateTimeField()),
+                (
+                    "queue",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="items",
+                        to="taskhoster.queue",
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(condition=models.Q(('eligible', True)), fields=['queue', 'scheduled_at', 'seq'], name='item_claimable'), models.Index(fields=['queue', 'status', 'id'], name='item_by_status'), models.Index(fields=['queue', 'id'], name='item_by_queue'), models.Index(condition=models.Q(('thread_id__isnull', False)), fields=['queue', 'thread_id', 'status', 'scheduled_at', 'seq'], name='item_thread_order'), models.Index(condition=models.Q(('status', 'processing')), fields=['lease_expires_at'], name='item_lease_clock'), models.Index(condition=models.Q(('status__in', ['pending', 'processing'])), fields=['queue', 'posted_at'], name='item_age_clock'), models.Index(condition=models.Q(('status__in', ['finished', 'failed'])), fields=['queue', 'finished_at'], name='item_retain_finished'), models.Index(condition=models.Q(('fetched_at__isnull', False), ('status__in', ['finished', 'failed'])), fields=['queue', 'fetched_at'], name='item_retain_fetched')],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('key__isnull', False)), fields=('queue', 'key'), name='item_key_unique')],
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("eligible", True)),
+                        fields=["queue", "scheduled_at", "seq"],
+                        name="item_claimable",
+                    ),
+                    models.Index(fields=["queue", "status", "id"], name="item_by_status"),
+                    models.Index(fields=["queue", "id"], name="item_by_queue"),
+                    models.Index(
+                        condition=models.Q(("thread_id__isnull", False)),
+                        fields=["queue", "thread_id", "status", "scheduled_at", "seq"],
+                        name="item_thread_order",
+                    ),
+                    models.Index(
+                        condition=models.Q(("status", "processing")),
+                        fields=["lease_expires_at"],
+                        name="item_lease_clock",
+                    ),
+                    models.Index(
+                        condition=models.Q(("status__in", ["pending", "processing"])),
+                        fields=["queue", "posted_at"],
+                        name="item_age_clock",
+                    ),
+                    models.Index(
+                        condition=models.Q(("status__in", ["finished", "failed"])),
+                        fields=["queue", "finished_at"],
+                        name="item_retain_finished",
+                    ),
+                    models.Index(
+                        condition=models.Q(
+                            ("fetched_at__isnull", False), ("status__in", ["finished", "failed"])
+                        ),
+                        fields=["queue", "fetched_at"],
+                        name="item_retain_fetched",
+                    ),
+                ],
+                "constraints": [
+                    models.UniqueConstraint(
+                        condition=models.Q(("key__isnull", False)),
+                        fields=("queue", "key"),
+                        name="item_key_unique",
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Thread',
+            name="Thread",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('thread_id', models.CharField(max_length=200)),
-                ('member_count', models.PositiveIntegerField(default=0)),
-                ('processing_item', models.CharField(blank=True, max_length=64, null=True)),
-                ('head_item', models.CharField(blank=True, max_length=64, null=True)),
-                ('queue', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='threads', to='taskhoster.queue')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("thread_id", models.CharField(max_length=200)),
+                ("member_count", models.PositiveIntegerField(default=0)),
+                ("processing_item", models.CharField(blank=True, max_length=64, null=True)),
+                ("head_item", models.CharField(blank=True, max_length=64, null=True)),
+                (
+                    "queue",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="threads",
+                        to="taskhoster.queue",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('queue', 'thread_id'), name='thread_unique_per_queue')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("queue", "thread_id"), name="thread_unique_per_queue"
+                    )
+                ],
             },
         ),
     ]

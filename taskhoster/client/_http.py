@@ -1,0 +1,361 @@
+"""What the sync and async producers share: where the server is, which key to send, what each
+call sends and how its answer is read, and when a failed call may be sent again.
+
+Each API call is described once, as a :class:`Call` (method, path, body, how to parse the
+answer, whether resending it is safe); the two producers only differ in how they send it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from .errors import APIError, ConfigError, ConnectionFailed, api_error
+from .models import Item, NewItem, QueueInfo, to_seconds, to_wire_time
+
+T = TypeVar("T")
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+URL_ENV = "TASKHOSTER_URL"
+KEY_ENV = "TASKHOSTER_KEY"
+#: Written by ``scripts/serve`` on its first run; read when no key is given or set.
+CREDENTIALS_FILE = Path("var") / "credentials.json"
+MAX_WAIT_SECONDS = 60.0
+MAX_BATCH = 1000
+USER_AGENT = "taskhoster-client"
+#: Answers that say "not now" rather than "no": resent when resending is safe.
+RETRY_STATUSES = frozenset({502, 503, 504})
+
+
+def resolve_url(url: str | None = None) -> str:
+    """The server's base address: the argument, else ``$TASKHOSTER_URL``, else the default
+    address of ``scripts/serve``."""
+    value = url or os.environ.get(URL_ENV) or DEFAULT_URL
+    if not value.startswith(("http://", "https://")):
+        raise ConfigError(f"the server address must start with http:// or https://: {value!r}")
+    return value.rstrip("/")
+
+
+def resolve_key(key: str | None = None, credentials: Path | None = None) -> str:
+    """The API key: the argument, else ``$TASKHOSTER_KEY``, else the ``apiKey`` saved in
+    ``var/credentials.json`` (under the current directory) by ``scripts/serve``."""
+    if key:
+        return key
+    if os.environ.get(KEY_ENV):
+        return os.environ[KEY_ENV]
+    path = credentials or CREDENTIALS_FILE
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        saved = None
+    if isinstance(saved, dict) and isinstance(saved.get("apiKey"), str):
+        return str(saved["apiKey"])
+    raise ConfigError(
+        f"no API key: pass key=..., set {KEY_ENV}, or run where scripts/serve saved "
+        f"{CREDENTIALS_FILE}",
+        code="no_key",
+    )
+
+
+def auth_headers(key: str) -> dict[str, str]:
+    return {"Authorization": f"Token {key}", "User-Agent": USER_AGENT}
+
+
+def new_key() -> str:
+    """An idempotency key for a post that was given none."""
+    return f"auto-{uuid.uuid4().hex}"
+
+
+def retry_delay(attempt: int, base: float = 0.25, cap: float = 5.0) -> float:
+    """Exponential backoff with jitter: about base, 2*base, 4*base ... at most ``cap``."""
+    return float(min(cap, base * 2**attempt) * random.uniform(0.5, 1.0))
+
+
+def seg(value: str) -> str:
+    """One path segment, escaped (names and ids never reach the path as anything else)."""
+    return quote(str(value), safe="")
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One API call: what to send, how to read the answer, and whether resending is safe.
+
+    ``idempotent``: the call may be sent again after an error that may have come after the
+    server acted on it (a lost answer). Calls that are not are resent only when the request
+    never left (the connection could not be made). ``gone_ok``: a 404 on a resend means the
+    first send did it (a delete).
+    """
+
+    method: str
+    path: str
+    parse: Callable[[Any], T]
+    body: Any = None
+    has_body: bool = False
+    params: dict[str, str] | None = None
+    idempotent: bool = True
+    wait: float = 0.0
+    gone_ok: bool = False
+
+
+class Attempt:
+    """Decides, call by call, what to do with a failed send."""
+
+    def __init__(self, call: Call[Any], retries: int) -> None:
+        self.call = call
+        self.retries = retries
+        self.number = 0
+
+    def on_transport_error(self, exc: httpx.TransportError) -> float:
+        """Seconds to wait before resending; raises ConnectionFailed when it must not."""
+        never_sent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
+        if self.number < self.retries and (never_sent or self.call.idempotent):
+            self.number += 1
+            return retry_delay(self.number - 1)
+        raise ConnectionFailed(
+            f"{self.call.method} {self.call.path}: {type(exc).__name__}: {exc}",
+            code="connection_failed",
+        ) from exc
+
+    def on_answer(self, response: httpx.Response) -> float | None:
+        """Seconds to wait before resending this answer's call, or None to read it."""
+        if (
+            response.status_code in RETRY_STATUSES
+            and self.call.idempotent
+            and self.number < self.retries
+        ):
+            self.number += 1
+            return retry_delay(self.number - 1)
+        return None
+
+    def read(self, response: httpx.Response) -> Any:
+        """The parsed answer, or the typed error it carries."""
+        if response.status_code == 404 and self.call.gone_ok and self.number > 0:
+            return self.call.parse(None)
+        if response.status_code >= 400:
+            raise error_of(response)
+        if response.status_code == 204 or not response.content:
+            return self.call.parse(None)
+        try:
+            data = response.json()
+        except ValueError:
+            raise APIError(
+                f"the server answered {response.status_code} with something that is not JSON",
+                code="bad_answer",
+                status=response.status_code,
+            ) from None
+        return self.call.parse(data)
+
+
+def error_of(response: httpx.Response) -> APIError:
+    try:
+        data = response.json()
+        error = data["error"]
+        code, message = str(error["code"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        code = f"http_{response.status_code}"
+        message = response.text[:500] or response.reason_phrase
+    return api_error(response.status_code, code, message)
+
+
+def request_kwargs(call: Call[Any], timeout: float) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"params": call.params, "timeout": timeout + call.wait}
+    if call.has_body:
+        kwargs["json"] = call.body
+    return kwargs
+
+
+# -- the calls ------------------------------------------------------------------------------
+
+_UNSET: Any = object()
+
+
+def _item(data: Any) -> Item:
+    return Item.from_wire(data)
+
+
+def _items(data: Any) -> list[Item]:
+    return [Item.from_wire(i) for i in data["items"]]
+
+
+def _queue(data: Any) -> QueueInfo:
+    return QueueInfo.from_wire(data)
+
+
+def _none(data: Any) -> None:
+    return None
+
+
+def put_queue(name: str, settings: dict[str, Any]) -> Call[QueueInfo]:
+    return Call("PUT", f"/api/queues/{seg(name)}", _queue, body=settings, has_body=True)
+
+
+def queue_settings(
+    *,
+    lease_seconds: float | None,
+    queue_seconds: float | None,
+    retain_seconds: float | None,
+    retain_from: str | None,
+    max_attempts: Any,
+    backoff_seconds: float | None,
+    backoff_max_seconds: float | None,
+    dead_letter_queue: Any,
+) -> dict[str, Any]:
+    """The settings that were given, by their wire names (``max_attempts`` and
+    ``dead_letter_queue`` may be None, meaning unlimited and none)."""
+    given: dict[str, Any] = {
+        "leaseSeconds": lease_seconds,
+        "queueSeconds": queue_seconds,
+        "retainSeconds": retain_seconds,
+        "retainFrom": retain_from,
+        "backoffSeconds": backoff_seconds,
+        "backoffMaxSeconds": backoff_max_seconds,
+    }
+    body = {name: value for name, value in given.items() if value is not None}
+    if max_attempts is not _UNSET:
+        body["maxAttempts"] = max_attempts
+    if dead_letter_queue is not _UNSET:
+        body["deadLetterQueue"] = dead_letter_queue
+    return body
+
+
+def get_queue(name: str) -> Call[QueueInfo]:
+    return Call("GET", f"/api/queues/{seg(name)}", _queue)
+
+
+def list_queues() -> Call[list[QueueInfo]]:
+    return Call("GET", "/api/queues", lambda data: [QueueInfo.from_wire(q) for q in data])
+
+
+def delete_queue(name: str) -> Call[None]:
+    return Call("DELETE", f"/api/queues/{seg(name)}", _none, gone_ok=True)
+
+
+def item_body(
+    payload: Any,
+    *,
+    thread_id: str | None = None,
+    delay: float | timedelta | None = None,
+    scheduled_at: datetime | str | None = None,
+    key: str | None = None,
+    auto_key: bool = True,
+) -> dict[str, Any]:
+    if delay is not None and scheduled_at is not None:
+        raise ValueError("give delay or scheduled_at, not both")
+    body: dict[str, Any] = {"payload": payload}
+    if thread_id is not None:
+        body["threadId"] = thread_id
+    if delay is not None:
+        body["delaySeconds"] = to_seconds(delay)
+    if scheduled_at is not None:
+        body["scheduledAt"] = to_wire_time(scheduled_at)
+    if key is not None:
+        body["key"] = key
+    elif auto_key:
+        body["key"] = new_key()
+    return body
+
+
+def post_item(queue: str, body: dict[str, Any]) -> Call[Item]:
+    # Safe to resend only with a key: the server then answers the first post's item.
+    return Call(
+        "POST",
+        f"/api/queues/{seg(queue)}/items",
+        _item,
+        body=body,
+        has_body=True,
+        idempotent="key" in body,
+    )
+
+
+def batch_bodies(items: list[Any], auto_key: bool, size: int = MAX_BATCH) -> list[list[Any]]:
+    """The bodies of the items, in chunks of at most ``size``."""
+    bodies = [
+        item_body(
+            i.payload,
+            thread_id=i.thread_id,
+            delay=i.delay,
+            scheduled_at=i.scheduled_at,
+            key=i.key,
+            auto_key=auto_key,
+        )
+        if isinstance(i, NewItem)
+        else item_body(i, auto_key=auto_key)
+        for i in items
+    ]
+    return [bodies[n : n + size] for n in range(0, len(bodies), size)]
+
+
+def post_batch(queue: str, bodies: list[dict[str, Any]]) -> Call[list[Item]]:
+    return Call(
+        "POST",
+        f"/api/queues/{seg(queue)}/items",
+        _items,
+        body={"items": bodies},
+        has_body=True,
+        idempotent=all("key" in b for b in bodies),
+    )
+
+
+def get_item(item_id: str, wait: float = 0.0) -> Call[Item]:
+    params = {"wait": f"{wait:.3f}"} if wait > 0 else None
+    return Call("GET", f"/api/items/{seg(item_id)}", _item, params=params, wait=wait)
+
+
+def wait_slice(remaining: float | None) -> float:
+    """How long the next long-poll asks the server to wait."""
+    if remaining is None:
+        return MAX_WAIT_SECONDS
+    return max(0.0, min(MAX_WAIT_SECONDS, remaining))
+
+
+def list_items(
+    queue: str, status: str | None, thread_id: str | None, cursor: str | None, limit: int | None
+) -> Call[tuple[list[Item], str | None]]:
+    params = {
+        name: str(value)
+        for name, value in {
+            "status": status,
+            "threadId": thread_id,
+            "cursor": cursor,
+            "limit": limit,
+        }.items()
+        if value is not None
+    }
+    return Call(
+        "GET",
+        f"/api/queues/{seg(queue)}/items",
+        lambda data: (_items(data), data.get("next")),
+        params=params,
+    )
+
+
+def delete_item(item_id: str) -> Call[None]:
+    return Call("DELETE", f"/api/items/{seg(item_id)}", _none, gone_ok=True)
+
+
+def delete_items(queue: str, ids: list[str] | None, status: str | None) -> Call[int]:
+    if (ids is None) == (status is None):
+        raise ValueError("give ids or status")
+    body = {"ids": list(ids)} if ids is not None else {"status": status}
+    return Call(
+        "POST",
+        f"/api/queues/{seg(queue)}/items/delete",
+        lambda data: int(data["deleted"]),
+        body=body,
+        has_body=True,
+    )
+
+
+def restart_item(item_id: str) -> Call[Item]:
+    # A resent restart would meet a pending item (409): resent only if it never left.
+    return Call("POST", f"/api/items/{seg(item_id)}/restart", _item, idempotent=False)

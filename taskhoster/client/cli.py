@@ -1,0 +1,408 @@
+"""The ``taskhoster`` command: post, read and wait for items, list queues, and run a shell
+command as a worker.
+
+    taskhoster post emails '{"to": "ada@example.com"}'
+    taskhoster wait ITEM_ID --timeout 30
+    taskhoster queues
+    taskhoster work emails -- ./send-email.sh
+
+The server is ``--url`` or ``$TASKHOSTER_URL`` (default http://127.0.0.1:8000); the key is
+``--key`` or ``$TASKHOSTER_KEY``, else the one ``scripts/serve`` saved in
+``var/credentials.json`` under the current directory.
+
+``work QUEUE... -- COMMAND`` runs COMMAND once per item: the payload as JSON on standard input
+(one line), and ``TASKHOSTER_ITEM_ID``, ``TASKHOSTER_QUEUE``, ``TASKHOSTER_ATTEMPTS`` and
+``TASKHOSTER_THREAD_ID`` in its environment. Exit 0: its standard output is the result (as
+JSON if it is JSON, else as a string without its final newline; empty output is null).
+Another exit status: the item fails with standard error as the error (retried, unless
+``--no-retry``). One argument after ``--`` runs through ``/bin/sh -c``; more are run as they
+are. The command runs in its own process group, killed if the item is cancelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from .errors import PermanentError, RetryableError, TaskhosterError, WaitTimeout
+from .models import Item, NewItem
+from .producer import Producer
+from .worker import Handler, Job, Worker
+
+EXIT_FAILED = 1
+EXIT_TIMEOUT = 124
+KILL_GRACE_SECONDS = 5.0
+
+
+def _print_json(value: Any, out: TextIO) -> None:
+    indent = 2 if out.isatty() else None
+    out.write(json.dumps(value, indent=indent, ensure_ascii=False) + "\n")
+    out.flush()
+
+
+def _read_payload(text: str | None, as_string: bool) -> Any:
+    if text is None or text == "-":
+        text = sys.stdin.read()
+        if as_string:
+            return text[:-1] if text.endswith("\n") else text
+    if as_string:
+        return text
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise SystemExit(f"taskhoster: the payload is not JSON ({exc}); use --string") from None
+
+
+def _none_or(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(value: str) -> Any:
+        return None if value.lower() in ("none", "null") else convert(value)
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="taskhoster", description="Talk to a Taskhoster server from the shell."
+    )
+    parser.add_argument(
+        "--url", help="server address (default: $TASKHOSTER_URL or http://127.0.0.1:8000)"
+    )
+    parser.add_argument(
+        "--key", help="API key (default: $TASKHOSTER_KEY, or the apiKey in ./var/credentials.json)"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    post = commands.add_parser("post", help="post an item (prints it)")
+    post.add_argument("queue")
+    post.add_argument("payload", nargs="?", help="JSON (default: read standard input)")
+    post.add_argument("--string", action="store_true", help="the payload is a plain string")
+    post.add_argument(
+        "--lines",
+        action="store_true",
+        help="post each line of standard input as one payload (prints JSON lines)",
+    )
+    post.add_argument("--thread", dest="thread_id", help="threadId")
+    when = post.add_mutually_exclusive_group()
+    when.add_argument("--delay", type=float, help="seconds before it may be claimed")
+    when.add_argument("--at", dest="scheduled_at", help="scheduledAt, e.g. 2030-01-31T12:00:00Z")
+    post.add_argument("--idempotency-key", help="the item's key (default: one is made up)")
+    post.add_argument(
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        help="then wait this long for its verdict and print the final item",
+    )
+
+    get = commands.add_parser("get", help="print an item")
+    get.add_argument("id")
+
+    wait = commands.add_parser(
+        "wait",
+        help="wait for an item's verdict and print it (exit 1 if failed, 124 if not done in time)",
+    )
+    wait.add_argument("id")
+    wait.add_argument("--timeout", type=float, help="seconds (default: no limit)")
+    wait.add_argument("--result", action="store_true", help="print only the result")
+
+    delete = commands.add_parser("delete", help="delete an item")
+    delete.add_argument("id")
+
+    restart = commands.add_parser("restart", help="restart a failed item")
+    restart.add_argument("id")
+
+    queues = commands.add_parser("queues", help="list queues with their counts")
+    queues.add_argument("name", nargs="?", help="only this queue")
+    queues.add_argument("--json", action="store_true", help="print JSON")
+
+    put = commands.add_parser("put-queue", help="create a queue or update its settings")
+    put.add_argument("name")
+    put.add_argument("--lease-seconds", type=float)
+    put.add_argument("--queue-seconds", type=float)
+    put.add_argument("--retain-seconds", type=float)
+    put.add_argument("--retain-from", choices=["finished", "fetched"])
+    put.add_argument(
+        "--max-attempts",
+        type=_none_or(int),
+        default=argparse.SUPPRESS,
+        help="a number, or none (unlimited)",
+    )
+    put.add_argument("--backoff-seconds", type=float)
+    put.add_argument("--backoff-max-seconds", type=float)
+    put.add_argument(
+        "--dead-letter-queue",
+        type=_none_or(str),
+        default=argparse.SUPPRESS,
+        help="a queue, or none",
+    )
+
+    items = commands.add_parser("items", help="list a queue's items (JSON lines, no payloads)")
+    items.add_argument("queue")
+    items.add_argument("--status", choices=["pending", "processing", "finished", "failed"])
+    items.add_argument("--thread", dest="thread_id")
+
+    work = commands.add_parser(
+        "work",
+        help="run COMMAND for each item: work QUEUE... -- COMMAND",
+        description="Run COMMAND once per item: payload JSON on stdin, stdout is the result, "
+        "a non-zero exit fails the item with stderr as the error.",
+    )
+    work.add_argument("queues", nargs="+", metavar="QUEUE")
+    work.add_argument("--capacity", type=int, default=1, help="items run at once (default 1)")
+    work.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGINT/SIGTERM, seconds to let running commands finish",
+    )
+    work.add_argument(
+        "--no-retry", action="store_true", help="a failed command fails its item for good"
+    )
+    work.add_argument("--quiet", action="store_true", help="log only warnings")
+    return parser
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``work ... -- COMMAND``: the arguments before ``--``, and the command after it."""
+    if "--" in argv:
+        at = argv.index("--")
+        head = argv[:at]
+        if "work" in head:
+            return head, argv[at + 1 :]
+    return argv, []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    head, command = _split_command(args_list)
+    parser = _parser()
+    args = parser.parse_args(head)
+    if args.command == "work" and not command:
+        parser.error("work needs a command after --, e.g. taskhoster work q -- ./handle.sh")
+    try:
+        if args.command == "work":
+            return _work(args, command)
+        with Producer(args.url, args.key) as producer:
+            return int(COMMANDS[args.command](producer, args))
+    except WaitTimeout as exc:
+        _print_json(exc.item.raw, sys.stdout)
+        print(f"taskhoster: {exc.message}", file=sys.stderr)
+        return EXIT_TIMEOUT
+    except TaskhosterError as exc:
+        print(f"taskhoster: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+def _verdict(item: Item) -> int:
+    _print_json(item.raw, sys.stdout)
+    return EXIT_FAILED if item.failed else 0
+
+
+def _post(producer: Producer, args: argparse.Namespace) -> int:
+    if args.lines:
+        payloads = [
+            line if args.string else _read_payload(line, False)
+            for line in sys.stdin.read().splitlines()
+            if line.strip()
+        ]
+        news = [
+            NewItem(p, thread_id=args.thread_id, delay=args.delay, scheduled_at=args.scheduled_at)
+            for p in payloads
+        ]
+        for item in producer.post_many(args.queue, news):
+            _print_json(item.raw, sys.stdout)
+        return 0
+    item = producer.post(
+        args.queue,
+        _read_payload(args.payload, args.string),
+        thread_id=args.thread_id,
+        delay=args.delay,
+        scheduled_at=args.scheduled_at,
+        key=args.idempotency_key,
+    )
+    if args.wait is None:
+        _print_json(item.raw, sys.stdout)
+        return 0
+    return _verdict(producer.wait(item.id, args.wait))
+
+
+def _get(producer: Producer, args: argparse.Namespace) -> int:
+    _print_json(producer.get(args.id).raw, sys.stdout)
+    return 0
+
+
+def _wait(producer: Producer, args: argparse.Namespace) -> int:
+    item = producer.wait(args.id, args.timeout)
+    if args.result:
+        _print_json(item.result if item.finished else None, sys.stdout)
+        if item.failed:
+            print(f"taskhoster: item {item.id} failed: {item.error}", file=sys.stderr)
+        return EXIT_FAILED if item.failed else 0
+    return _verdict(item)
+
+
+def _delete(producer: Producer, args: argparse.Namespace) -> int:
+    producer.delete(args.id)
+    return 0
+
+
+def _restart(producer: Producer, args: argparse.Namespace) -> int:
+    _print_json(producer.restart(args.id).raw, sys.stdout)
+    return 0
+
+
+def _queues(producer: Producer, args: argparse.Namespace) -> int:
+    found = [producer.queue(args.name)] if args.name else producer.queues()
+    if args.json:
+        _print_json([q.raw for q in found], sys.stdout)
+        return 0
+    rows: list[tuple[str, ...]] = [
+        ("QUEUE", "PENDING", "PROCESSING", "FINISHED", "FAILED", "LEASE")
+    ]
+    rows += [
+        (
+            q.name,
+            *(str(q.counts.get(s, 0)) for s in ("pending", "processing", "finished", "failed")),
+            f"{q.lease_seconds:g}s",
+        )
+        for q in found
+    ]
+    widths = [max(len(r[n]) for r in rows) for n in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _put_queue(producer: Producer, args: argparse.Namespace) -> int:
+    settings: dict[str, Any] = {
+        name: getattr(args, name)
+        for name in (
+            "lease_seconds",
+            "queue_seconds",
+            "retain_seconds",
+            "retain_from",
+            "backoff_seconds",
+            "backoff_max_seconds",
+        )
+    }
+    # None on these two means "unlimited" / "none": they are passed only when given.
+    for name in ("max_attempts", "dead_letter_queue"):
+        if hasattr(args, name):
+            settings[name] = getattr(args, name)
+    _print_json(producer.put_queue(args.name, **settings).raw, sys.stdout)
+    return 0
+
+
+def _items(producer: Producer, args: argparse.Namespace) -> int:
+    for item in producer.items(args.queue, status=args.status, thread_id=args.thread_id):
+        _print_json(item.raw, sys.stdout)
+    return 0
+
+
+COMMANDS: dict[str, Callable[[Producer, argparse.Namespace], int]] = {
+    "post": _post,
+    "get": _get,
+    "wait": _wait,
+    "delete": _delete,
+    "restart": _restart,
+    "queues": _queues,
+    "put-queue": _put_queue,
+    "items": _items,
+}
+
+
+# -- work -- COMMAND ---------------------------------------------------------------------
+
+
+def parse_output(data: bytes) -> Any:
+    """A command's standard output as a result: JSON if it is JSON, else the text without
+    its final newline; nothing at all is null."""
+    text = data.decode("utf-8", errors="replace")
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text[:-1] if text.endswith("\n") else text
+
+
+def command_handler(command: Sequence[str], *, retry: bool = True) -> Handler:
+    """A handler that runs ``command`` per item (see the module's text)."""
+    argv = ["/bin/sh", "-c", command[0]] if len(command) == 1 else list(command)
+    failure: type[Exception] = RetryableError if retry else PermanentError
+
+    async def run(job: Job) -> Any:
+        env = {
+            **os.environ,
+            "TASKHOSTER_ITEM_ID": job.id,
+            "TASKHOSTER_QUEUE": job.queue,
+            "TASKHOSTER_ATTEMPTS": str(job.attempts),
+            "TASKHOSTER_THREAD_ID": job.thread_id or "",
+        }
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            out, err = await proc.communicate(json.dumps(job.payload).encode() + b"\n")
+        except asyncio.CancelledError:
+            await _terminate(proc)
+            raise
+        if proc.returncode != 0:
+            code = proc.returncode
+            status = (
+                f"killed by signal {-code}"
+                if code is not None and code < 0
+                else f"exited with status {code}"
+            )
+            message = err.decode("utf-8", errors="replace").strip()
+            raise failure(message or status)
+        return parse_output(out)
+
+    return run
+
+
+async def _terminate(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM to the command's process group, SIGKILL if it lingers."""
+    for sig, grace in ((signal.SIGTERM, KILL_GRACE_SECONDS), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            await asyncio.wait_for(proc.wait(), grace)
+            return
+        except TimeoutError:
+            continue
+
+
+def _work(args: argparse.Namespace, command: list[str]) -> int:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("taskhoster").setLevel(logging.WARNING if args.quiet else logging.INFO)
+    worker = Worker(
+        args.url,
+        args.key,
+        capacity=args.capacity,
+        stop_timeout=args.stop_timeout,
+        retry_errors=not args.no_retry,
+    )
+    handler = command_handler(command, retry=not args.no_retry)
+    for queue in args.queues:
+        worker.add_handler(queue, handler)
+    worker.run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

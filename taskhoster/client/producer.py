@@ -1,0 +1,389 @@
+"""Producers: create queues, post items, read them and wait for their verdicts.
+
+``Producer`` blocks; ``AsyncProducer`` has the same methods as coroutines. Both resend a call
+after a connection error or a 502/503/504 when that is safe: reads, queue updates, deletes,
+and posts, which always carry an idempotency key (one is made up when none is given), so a
+post whose answer was lost is answered with the first post's item instead of a duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from . import _http
+from ._http import _UNSET, Attempt, Call
+from .errors import ItemFailed, WaitTimeout
+from .models import Item, QueueInfo
+
+T = TypeVar("T")
+
+
+class _Base:
+    def __init__(
+        self,
+        url: str | None,
+        key: str | None,
+        *,
+        timeout: float,
+        retries: int,
+        auto_key: bool,
+    ) -> None:
+        self.url = _http.resolve_url(url)
+        self.key = _http.resolve_key(key)
+        self.timeout = timeout
+        self.retries = retries
+        self.auto_key = auto_key
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+class Producer(_Base):
+    """A blocking client for the REST API.
+
+    ``url`` defaults to ``$TASKHOSTER_URL`` or ``http://127.0.0.1:8000``; ``key`` to
+    ``$TASKHOSTER_KEY`` or the key ``scripts/serve`` saved in ``var/credentials.json``.
+    ``retries``: how many times a call is resent when that is safe. ``auto_key=False`` posts
+    items without a made-up idempotency key (and then does not resend posts that may have
+    arrived).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: int = 3,
+        auto_key: bool = True,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        super().__init__(url, key, timeout=timeout, retries=retries, auto_key=auto_key)
+        self._client = httpx.Client(
+            base_url=self.url,
+            headers=_http.auth_headers(self.key),
+            timeout=timeout,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _run(self, call: Call[T]) -> T:
+        attempt = Attempt(call, self.retries)
+        while True:
+            try:
+                response = self._client.request(
+                    call.method, call.path, **_http.request_kwargs(call, self.timeout)
+                )
+            except httpx.TransportError as exc:
+                time.sleep(attempt.on_transport_error(exc))
+                continue
+            delay = attempt.on_answer(response)
+            if delay is None:
+                result: T = attempt.read(response)
+                return result
+            time.sleep(delay)
+
+    # -- queues ---------------------------------------------------------------------------
+
+    def put_queue(
+        self,
+        name: str,
+        *,
+        lease_seconds: float | None = None,
+        queue_seconds: float | None = None,
+        retain_seconds: float | None = None,
+        retain_from: str | None = None,
+        max_attempts: int | None = _UNSET,
+        backoff_seconds: float | None = None,
+        backoff_max_seconds: float | None = None,
+        dead_letter_queue: str | None = _UNSET,
+    ) -> QueueInfo:
+        """Create the queue, or update the settings given (the others are kept).
+        ``max_attempts=None`` means unlimited; ``dead_letter_queue=None`` means none."""
+        settings = _http.queue_settings(
+            lease_seconds=lease_seconds,
+            queue_seconds=queue_seconds,
+            retain_seconds=retain_seconds,
+            retain_from=retain_from,
+            max_attempts=max_attempts,
+            backoff_seconds=backoff_seconds,
+            backoff_max_seconds=backoff_max_seconds,
+            dead_letter_queue=dead_letter_queue,
+        )
+        return self._run(_http.put_queue(name, settings))
+
+    def queue(self, name: str) -> QueueInfo:
+        return self._run(_http.get_queue(name))
+
+    def queues(self) -> list[QueueInfo]:
+        return self._run(_http.list_queues())
+
+    def delete_queue(self, name: str) -> None:
+        self._run(_http.delete_queue(name))
+
+    # -- items ----------------------------------------------------------------------------
+
+    def post(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        thread_id: str | None = None,
+        delay: float | timedelta | None = None,
+        scheduled_at: datetime | str | None = None,
+        key: str | None = None,
+    ) -> Item:
+        """Post one item. With a ``key`` whose item still exists in the queue, that item is
+        returned instead of a new one."""
+        body = _http.item_body(
+            payload,
+            thread_id=thread_id,
+            delay=delay,
+            scheduled_at=scheduled_at,
+            key=key,
+            auto_key=self.auto_key,
+        )
+        return self._run(_http.post_item(queue, body))
+
+    def post_many(self, queue: str, items: Iterable[Any]) -> list[Item]:
+        """Post many items (bare payloads, or :class:`NewItem` for options), in list order.
+        Each request holds at most 1000 and is all or none."""
+        posted: list[Item] = []
+        for chunk in _http.batch_bodies(list(items), self.auto_key):
+            batch: list[Item] = self._run(_http.post_batch(queue, chunk))
+            posted.extend(batch)
+        return posted
+
+    def get(self, item_id: str) -> Item:
+        return self._run(_http.get_item(item_id))
+
+    def wait(self, item_id: str, timeout: float | None = None) -> Item:
+        """The item once it is finished or failed (long-polls of at most 60 s each).
+        Raises :class:`WaitTimeout` if it is not terminal within ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            item = self._run(_http.get_item(item_id, _http.wait_slice(remaining)))
+            if item.terminal:
+                return item
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"item {item_id} is still {item.status}", item)
+
+    def result(self, item_id: str, timeout: float | None = None) -> Any:
+        """The item's result once it is finished; :class:`ItemFailed` if it failed."""
+        item = self.wait(item_id, timeout)
+        if item.failed:
+            raise ItemFailed(item)
+        return item.result
+
+    def items(
+        self,
+        queue: str,
+        *,
+        status: str | None = None,
+        thread_id: str | None = None,
+        page_size: int | None = None,
+    ) -> Iterator[Item]:
+        """Every item of the queue in arrival order, page by page (without payloads)."""
+        cursor: str | None = None
+        while True:
+            page, cursor = self._run(_http.list_items(queue, status, thread_id, cursor, page_size))
+            yield from page
+            if not cursor:
+                return
+
+    def delete(self, item_id: str) -> None:
+        self._run(_http.delete_item(item_id))
+
+    def delete_many(
+        self, queue: str, *, ids: list[str] | None = None, status: str | None = None
+    ) -> int:
+        """Delete the given ids, or every item with the status; the number deleted."""
+        return self._run(_http.delete_items(queue, ids, status))
+
+    def restart(self, item_id: str) -> Item:
+        """A failed item posted again as a new arrival (409 Conflict unless failed)."""
+        return self._run(_http.restart_item(item_id))
+
+
+class AsyncProducer(_Base):
+    """:class:`Producer` for asyncio: the same methods, awaited (``items`` is an async
+    iterator). Use it as ``async with AsyncProducer() as producer:`` or call ``aclose()``."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: int = 3,
+        auto_key: bool = True,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(url, key, timeout=timeout, retries=retries, auto_key=auto_key)
+        self._client = httpx.AsyncClient(
+            base_url=self.url,
+            headers=_http.auth_headers(self.key),
+            timeout=timeout,
+            transport=transport,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _run(self, call: Call[T]) -> T:
+        attempt = Attempt(call, self.retries)
+        while True:
+            try:
+                response = await self._client.request(
+                    call.method, call.path, **_http.request_kwargs(call, self.timeout)
+                )
+            except httpx.TransportError as exc:
+                await asyncio.sleep(attempt.on_transport_error(exc))
+                continue
+            delay = attempt.on_answer(response)
+            if delay is None:
+                result: T = attempt.read(response)
+                return result
+            await asyncio.sleep(delay)
+
+    async def put_queue(
+        self,
+        name: str,
+        *,
+        lease_seconds: float | None = None,
+        queue_seconds: float | None = None,
+        retain_seconds: float | None = None,
+        retain_from: str | None = None,
+        max_attempts: int | None = _UNSET,
+        backoff_seconds: float | None = None,
+        backoff_max_seconds: float | None = None,
+        dead_letter_queue: str | None = _UNSET,
+    ) -> QueueInfo:
+        settings = _http.queue_settings(
+            lease_seconds=lease_seconds,
+            queue_seconds=queue_seconds,
+            retain_seconds=retain_seconds,
+            retain_from=retain_from,
+            max_attempts=max_attempts,
+            backoff_seconds=backoff_seconds,
+            backoff_max_seconds=backoff_max_seconds,
+            dead_letter_queue=dead_letter_queue,
+        )
+        return await self._run(_http.put_queue(name, settings))
+
+    async def queue(self, name: str) -> QueueInfo:
+        return await self._run(_http.get_queue(name))
+
+    async def queues(self) -> list[QueueInfo]:
+        return await self._run(_http.list_queues())
+
+    async def delete_queue(self, name: str) -> None:
+        await self._run(_http.delete_queue(name))
+
+    async def post(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        thread_id: str | None = None,
+        delay: float | timedelta | None = None,
+        scheduled_at: datetime | str | None = None,
+        key: str | None = None,
+    ) -> Item:
+        body = _http.item_body(
+            payload,
+            thread_id=thread_id,
+            delay=delay,
+            scheduled_at=scheduled_at,
+            key=key,
+            auto_key=self.auto_key,
+        )
+        return await self._run(_http.post_item(queue, body))
+
+    async def post_many(self, queue: str, items: Iterable[Any]) -> list[Item]:
+        posted: list[Item] = []
+        for chunk in _http.batch_bodies(list(items), self.auto_key):
+            batch: list[Item] = await self._run(_http.post_batch(queue, chunk))
+            posted.extend(batch)
+        return posted
+
+    async def get(self, item_id: str) -> Item:
+        return await self._run(_http.get_item(item_id))
+
+    async def wait(self, item_id: str, timeout: float | None = None) -> Item:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            remaining = None if deadline is None else deadline - loop.time()
+            item = await self._run(_http.get_item(item_id, _http.wait_slice(remaining)))
+            if item.terminal:
+                return item
+            if deadline is not None and loop.time() >= deadline:
+                raise WaitTimeout(f"item {item_id} is still {item.status}", item)
+
+    async def result(self, item_id: str, timeout: float | None = None) -> Any:
+        item = await self.wait(item_id, timeout)
+        if item.failed:
+            raise ItemFailed(item)
+        return item.result
+
+    async def items(
+        self,
+        queue: str,
+        *,
+        status: str | None = None,
+        thread_id: str | None = None,
+        page_size: int | None = None,
+    ) -> AsyncIterator[Item]:
+        cursor: str | None = None
+        while True:
+            page, cursor = await self._run(
+                _http.list_items(queue, status, thread_id, cursor, page_size)
+            )
+            for item in page:
+                yield item
+            if not cursor:
+                return
+
+    async def delete(self, item_id: str) -> None:
+        await self._run(_http.delete_item(item_id))
+
+    async def delete_many(
+        self, queue: str, *, ids: list[str] | None = None, status: str | None = None
+    ) -> int:
+        return await self._run(_http.delete_items(queue, ids, status))
+
+    async def restart(self, item_id: str) -> Item:
+        return await self._run(_http.restart_item(item_id))

@@ -1,0 +1,430 @@
+"""taskhoster.client producers (sync and async) against a real daphne: every call, typed
+errors, and resends that are safe because posts carry an idempotency key."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+
+from taskhoster.client import (
+    AsyncProducer,
+    BadRequest,
+    Conflict,
+    ConnectionFailed,
+    Forbidden,
+    ItemFailed,
+    NewItem,
+    NotFound,
+    Producer,
+    TooLarge,
+    Unauthorized,
+    WaitTimeout,
+)
+
+from .tcpproxy import TcpProxy
+
+pytestmark = pytest.mark.slow
+
+MAX_PAYLOAD = 64 * 1024
+
+
+@pytest.fixture
+def key(make_key):
+    return make_key()
+
+
+@pytest.fixture
+def server(server_factory):
+    return server_factory(TASKHOSTER_MAX_PAYLOAD_BYTES=str(MAX_PAYLOAD))
+
+
+@pytest.fixture
+def producer(server, key):
+    with Producer(server.url, key) as producer:
+        yield producer
+
+
+@pytest.fixture
+def http(server, key):
+    """Plain HTTP for what a producer does not do (claim, result, fail)."""
+    with httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=10
+    ) as client:
+        yield client
+
+
+@pytest.fixture
+def proxy(server):
+    proxy = TcpProxy(server.port)
+    yield proxy
+    proxy.close()
+
+
+def claim(http, queue="q"):
+    items = http.post(f"/api/queues/{queue}/claim", json={"max": 1, "wait": 5}).json()["items"]
+    assert items, "nothing to claim"
+    return items[0]
+
+
+def finish(http, item_id, result):
+    answer = http.post(f"/api/items/{item_id}/result", json={"result": result}).json()
+    assert answer["accepted"] is True
+
+
+def fail_for_good(http, queue="q"):
+    claimed = claim(http, queue)
+    answer = http.post(
+        f"/api/items/{claimed['id']}/fail",
+        json={"lease": claimed["lease"], "error": "boom", "retry": False},
+    ).json()
+    assert answer == {"accepted": True, "status": "failed"}
+    return claimed["id"]
+
+
+# -- queues ----------------------------------------------------------------------------------
+
+
+def test_put_queue_creates_then_updates_only_the_given_settings(producer):
+    created = producer.put_queue("q", lease_seconds=30, max_attempts=5)
+    assert (created.name, created.lease_seconds, created.max_attempts) == ("q", 30, 5)
+    assert created.counts == {"pending": 0, "processing": 0, "finished": 0, "failed": 0}
+    updated = producer.put_queue("q", backoff_seconds=2, max_attempts=None)
+    assert updated.lease_seconds == 30  # kept
+    assert updated.backoff_seconds == 2
+    assert updated.max_attempts is None  # None is sent: unlimited
+
+
+def test_queues_and_queue_report_live_counts(producer):
+    producer.put_queue("a")
+    producer.put_queue("b")
+    producer.post("a", 1)
+    producer.post("a", 2)
+    assert producer.queue("a").counts["pending"] == 2
+    assert {q.name: q.counts["pending"] for q in producer.queues()} == {"a": 2, "b": 0}
+
+
+def test_delete_queue_removes_it_and_its_items(producer):
+    producer.put_queue("q")
+    item = producer.post("q", 1)
+    producer.delete_queue("q")
+    with pytest.raises(NotFound) as missing:
+        producer.queue("q")
+    assert missing.value.code == "queue_not_found"
+    with pytest.raises(NotFound):
+        producer.get(item.id)
+
+
+# -- posting ---------------------------------------------------------------------------------
+
+
+def test_post_carries_thread_id_delay_and_scheduled_at(producer):
+    producer.put_queue("q")
+    before = datetime.now(UTC)
+    plain = producer.post("q", {"n": 1}, thread_id="t-1")
+    assert (plain.status, plain.payload, plain.thread_id, plain.attempts) == (
+        "pending",
+        {"n": 1},
+        "t-1",
+        0,
+    )
+    delayed = producer.post("q", 2, delay=timedelta(minutes=5))
+    assert delayed.scheduled_at - before >= timedelta(minutes=5)
+    assert delayed.scheduled_at - before < timedelta(minutes=5, seconds=30)
+    at = (before + timedelta(hours=1)).replace(microsecond=0)
+    scheduled = producer.post("q", 3, scheduled_at=at)
+    assert scheduled.scheduled_at == at
+    with pytest.raises(ValueError, match="not both"):
+        producer.post("q", 4, delay=1, scheduled_at=at)
+
+
+def test_post_with_the_same_key_returns_the_first_item(producer):
+    producer.put_queue("q")
+    first = producer.post("q", "welcome", key="welcome-ada")
+    again = producer.post("q", "other payload", key="welcome-ada")
+    assert again.id == first.id
+    assert again.payload == "welcome"
+    assert producer.queue("q").counts["pending"] == 1
+
+
+def test_post_without_a_key_gets_one_made_up(producer):
+    producer.put_queue("q")
+    one, two = producer.post("q", 1), producer.post("q", 1)
+    assert one.key
+    assert two.key
+    assert one.key != two.key
+    assert one.id != two.id
+
+
+def test_a_post_whose_answer_is_lost_is_resent_and_makes_one_item(server, key, proxy):
+    with Producer(server.url, key) as direct:
+        direct.put_queue("q")
+    proxy.lose_answers = 1
+    with Producer(proxy.url, key) as producer:
+        item = producer.post("q", {"once": True})
+        assert proxy.lost == 1  # the first answer was cut off after the server posted it
+        assert producer.queue("q").counts["pending"] == 1
+        assert [i.id for i in producer.items("q")] == [item.id]
+
+
+def test_a_batch_whose_answer_is_lost_is_resent_and_posts_once(server, key, proxy):
+    with Producer(server.url, key) as direct:
+        direct.put_queue("q")
+    proxy.lose_answers = 1
+    with Producer(proxy.url, key) as producer:
+        items = producer.post_many("q", [1, 2, 3])
+        assert proxy.lost == 1
+        assert [i.payload for i in items] == [1, 2, 3]
+        assert producer.queue("q").counts["pending"] == 3
+
+
+def test_without_auto_keys_a_post_with_a_lost_answer_is_not_resent(server, key, proxy):
+    with Producer(server.url, key) as direct:
+        direct.put_queue("q")
+    proxy.lose_answers = 1
+    with Producer(proxy.url, key, auto_key=False) as producer, pytest.raises(ConnectionFailed):
+        producer.post("q", 1)
+    with Producer(server.url, key) as direct:
+        assert direct.queue("q").counts["pending"] == 1  # it did arrive, once
+
+
+def test_post_many_keeps_list_order_options_and_chunks_past_1000(producer):
+    producer.put_queue("q")
+    items = producer.post_many(
+        "q",
+        [
+            "bare",
+            NewItem({"x": 1}, thread_id="t", key="k-1"),
+            NewItem(3, delay=60),
+        ],
+    )
+    assert [i.payload for i in items] == ["bare", {"x": 1}, 3]
+    assert items[1].thread_id == "t"
+    assert items[1].key == "k-1"
+    assert items[2].scheduled_at > items[0].scheduled_at + timedelta(seconds=50)
+    many = producer.post_many("q", range(1001))
+    assert [i.payload for i in many] == list(range(1001))
+    assert [i.id for i in many] == sorted(i.id for i in many)
+    assert producer.queue("q").counts["pending"] == 1004
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def test_get_returns_the_item_with_its_payload(producer):
+    producer.put_queue("q")
+    posted = producer.post("q", {"to": "ada"}, thread_id="t")
+    got = producer.get(posted.id)
+    assert (got.id, got.queue, got.payload, got.thread_id) == (posted.id, "q", {"to": "ada"}, "t")
+    assert got.posted_at is not None
+    assert not got.terminal
+
+
+def test_wait_returns_as_soon_as_a_worker_finishes_the_item(producer, http):
+    producer.put_queue("q")
+    item = producer.post("q", 21)
+
+    def work():
+        time.sleep(0.5)
+        finish(http, claim(http)["id"], 42)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    started = time.monotonic()
+    done = producer.wait(item.id, timeout=20)
+    elapsed = time.monotonic() - started
+    worker.join()
+    assert (done.status, done.result) == ("finished", 42)
+    assert 0.4 < elapsed < 3, elapsed
+
+
+def test_wait_raises_wait_timeout_when_the_item_is_not_done_in_time(producer):
+    producer.put_queue("q")
+    item = producer.post("q", 1)
+    started = time.monotonic()
+    with pytest.raises(WaitTimeout) as timed_out:
+        producer.wait(item.id, timeout=0.6)
+    assert 0.5 < time.monotonic() - started < 3
+    assert timed_out.value.item.status == "pending"
+
+
+def test_result_returns_the_value_or_raises_item_failed(producer, http):
+    producer.put_queue("q")
+    good = producer.post("q", 1)
+    finish(http, claim(http)["id"], {"ok": True})
+    assert producer.result(good.id, timeout=5) == {"ok": True}
+    bad = producer.post("q", 2)
+    assert fail_for_good(http) == bad.id
+    with pytest.raises(ItemFailed) as failed:
+        producer.result(bad.id, timeout=5)
+    assert failed.value.message == "boom"
+    assert failed.value.item.status == "failed"
+
+
+def test_items_pages_through_a_queue_in_arrival_order(producer):
+    producer.put_queue("q")
+    posted = producer.post_many("q", range(7))
+    listed = list(producer.items("q", page_size=3))
+    assert [i.id for i in listed] == [i.id for i in posted]
+    assert all(i.payload is None for i in listed)  # listings carry no payload
+    threaded = producer.post("q", "t", thread_id="only")
+    assert [i.id for i in producer.items("q", thread_id="only")] == [threaded.id]
+
+
+# -- deleting and restarting -----------------------------------------------------------------
+
+
+def test_delete_removes_the_item_and_get_then_raises_not_found(producer):
+    producer.put_queue("q")
+    item = producer.post("q", 1)
+    producer.delete(item.id)
+    with pytest.raises(NotFound) as missing:
+        producer.get(item.id)
+    assert missing.value.code == "item_not_found"
+    assert missing.value.status == 404
+    with pytest.raises(NotFound):
+        producer.delete(item.id)
+
+
+def test_delete_many_by_ids_and_by_status(producer, http):
+    producer.put_queue("q")
+    a, b, c = producer.post_many("q", ["a", "b", "c"])
+    assert producer.delete_many("q", ids=[a.id, b.id]) == 2
+    finish(http, claim(http)["id"], 1)
+    d = producer.post("q", "d")
+    assert producer.delete_many("q", status="finished") == 1
+    assert [i.id for i in producer.items("q")] == [d.id]
+    with pytest.raises(NotFound):
+        producer.get(c.id)
+
+
+def test_restart_requeues_a_failed_item_and_conflicts_on_a_live_one(producer, http):
+    producer.put_queue("q")
+    item = producer.post("q", 1)
+    fail_for_good(http)
+    restarted = producer.restart(item.id)
+    assert (restarted.status, restarted.attempts, restarted.error) == ("pending", 0, None)
+    with pytest.raises(Conflict) as conflict:
+        producer.restart(item.id)
+    assert conflict.value.status == 409
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+def test_errors_are_typed_and_carry_the_servers_code_and_message(server, producer, make_key):
+    producer.put_queue("q")
+    producer.put_queue("other")
+    with Producer(server.url, "not-a-key") as stranger, pytest.raises(Unauthorized) as no:
+        stranger.queues()
+    assert no.value.code == "unauthorized"
+    assert no.value.status == 401
+    assert no.value.message
+    with Producer(server.url, make_key("produce", queues=["q"])) as limited:
+        with pytest.raises(Forbidden) as forbidden:
+            limited.post("other", 1)
+        assert forbidden.value.code == "forbidden"
+        assert "other" in forbidden.value.message
+    with pytest.raises(NotFound) as missing:
+        producer.post("nope", 1)
+    assert missing.value.code == "queue_not_found"
+    with pytest.raises(BadRequest) as bad:
+        producer.post("q", 1, thread_id="")
+    assert bad.value.status == 400
+    assert "threadId" in bad.value.message
+    with pytest.raises(TooLarge) as large:
+        producer.post("q", "x" * (MAX_PAYLOAD + 1))
+    assert large.value.code == "too_large"
+    assert producer.queue("q").counts["pending"] == 0  # none of it changed anything
+
+
+def test_an_unreachable_server_raises_connection_failed_after_the_retries(key, proxy):
+    proxy.refuse = True
+    started = time.monotonic()
+    with Producer(proxy.url, key, retries=2) as producer, pytest.raises(ConnectionFailed):
+        producer.queues()
+    assert proxy.accepted == 3  # the first try and two resends
+    assert time.monotonic() - started < 5
+
+
+# -- async -----------------------------------------------------------------------------------
+
+
+def test_async_producer_makes_every_call(server, key, http):
+    async def run():
+        async with AsyncProducer(server.url, key) as producer:
+            queue = await producer.put_queue("q", lease_seconds=20)
+            assert queue.lease_seconds == 20
+            assert [q.name for q in await producer.queues()] == ["q"]
+            one = await producer.post("q", {"n": 1}, thread_id="t", key="k")
+            assert (await producer.post("q", "dup", key="k")).id == one.id
+            later = await producer.post("q", 2, delay=30)
+            assert later.scheduled_at > one.scheduled_at
+            batch = await producer.post_many("q", [3, NewItem(4, thread_id="u")])
+            assert [i.payload for i in batch] == [3, 4]
+            assert (await producer.get(one.id)).payload == {"n": 1}
+            assert (await producer.queue("q")).counts["pending"] == 4
+            listed = [i.id async for i in producer.items("q", page_size=2)]
+            assert listed == [one.id, later.id, batch[0].id, batch[1].id]
+
+            async def work():
+                await asyncio.sleep(0.3)
+                claimed = await asyncio.to_thread(claim, http)
+                await asyncio.to_thread(finish, http, claimed["id"], "done")
+                return claimed["id"]
+
+            worker = asyncio.create_task(work())
+            done = await producer.wait(one.id, timeout=10)
+            assert await worker == one.id
+            assert (done.status, done.result) == ("finished", "done")
+            assert await producer.result(one.id) == "done"
+            with pytest.raises(WaitTimeout):
+                await producer.wait(later.id, timeout=0.3)
+
+            failed_id = await asyncio.to_thread(fail_for_good, http)
+            with pytest.raises(ItemFailed):
+                await producer.result(failed_id, timeout=5)
+            restarted = await producer.restart(failed_id)
+            assert restarted.status == "pending"
+            with pytest.raises(Conflict):
+                await producer.restart(failed_id)
+
+            await producer.delete(later.id)
+            with pytest.raises(NotFound):
+                await producer.get(later.id)
+            assert await producer.delete_many("q", status="pending") == 2
+            await producer.delete_queue("q")
+            with pytest.raises(NotFound):
+                await producer.queue("q")
+
+    asyncio.run(run())
+
+
+def test_async_post_whose_answer_is_lost_is_resent_and_makes_one_item(server, key, proxy):
+    async def run():
+        async with AsyncProducer(server.url, key) as direct:
+            await direct.put_queue("q")
+        proxy.lose_answers = 1
+        async with AsyncProducer(proxy.url, key) as producer:
+            item = await producer.post("q", 1)
+            assert proxy.lost == 1
+            assert [i.id async for i in producer.items("q")] == [item.id]
+
+    asyncio.run(run())
+
+
+def test_async_errors_are_typed(server, key):
+    async def run():
+        async with AsyncProducer(server.url, "wrong") as stranger:
+            with pytest.raises(Unauthorized):
+                await stranger.queues()
+        async with AsyncProducer(server.url, key) as producer:
+            with pytest.raises(NotFound) as missing:
+                await producer.post("nope", 1)
+            assert missing.value.code == "queue_not_found"
+
+    asyncio.run(run())
