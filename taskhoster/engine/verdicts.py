@@ -161,7 +161,7 @@ def fail(*, item_id: str, lease: str | None, error: str | None, retry: bool = Tr
         cause = error or "failed"
         if retry and not attempts_exhausted(locked.queue, row.attempts):
             delay = backoff_delay(locked.queue, row.attempts)
-            _requeue(locked, at=at, scheduled_at=at + seconds(delay))
+            _requeue(locked, at=at, scheduled_at=at + seconds(delay), error=cause)
         else:
             _die(locked, at=at, error=cause)
         return Verdict(True, row.status, row)
@@ -180,7 +180,7 @@ def requeue_held(*, item_id: str, lease: str, cause: str = WORKER_DISCONNECTED) 
         if attempts_exhausted(locked.queue, row.attempts):
             _die(locked, at=at, error=cause)
         else:
-            _requeue(locked, at=at, scheduled_at=row.scheduled_at)
+            _requeue(locked, at=at, scheduled_at=row.scheduled_at, error=cause)
         return Verdict(True, row.status, row)
 
 
@@ -200,7 +200,7 @@ def requeue_if_lapsed(*, item_id: str, at: datetime) -> bool:
         if attempts_exhausted(locked.queue, row.attempts):
             _die(locked, at=at, error=LEASE_EXPIRED)
         else:
-            _requeue(locked, at=at, scheduled_at=row.scheduled_at)
+            _requeue(locked, at=at, scheduled_at=row.scheduled_at, error=LEASE_EXPIRED)
         return True
 
 
@@ -245,7 +245,8 @@ def _finish_row(
     row.updated_at = at
 
 
-def _requeue(locked: Locked, *, at: datetime, scheduled_at: datetime) -> None:
+def _requeue(locked: Locked, *, at: datetime, scheduled_at: datetime, error: str) -> None:
+    """Back to pending; ``error`` keeps the cause, so a producer can see why it is retried."""
     row = locked.row
     try:
         old_state, record = _read_or_forget(locked)
@@ -254,6 +255,7 @@ def _requeue(locked: Locked, *, at: datetime, scheduled_at: datetime) -> None:
     row.status = Status.PENDING
     row.eligible = locked.thread is None
     row.scheduled_at = scheduled_at
+    row.error = error
     row.lease = None
     row.lease_expires_at = None
     row.updated_at = at

@@ -107,12 +107,15 @@ class WorkConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.principal is None or self.closed:
             return
+        message: dict[str, Any] = {}
         try:
             message = self._parse(text_data, bytes_data)
             kind = message["type"]
             await getattr(self, f"_on_{kind}")(message)
         except TaskhosterError as exc:
-            await self._error(exc.code, exc.message)
+            # An error answers its frame in the ack's place; it names the item when it can.
+            item_id = message.get("id") if isinstance(message, dict) else None
+            await self._error(exc.code, exc.message, item_id=item_id)
 
     def _parse(self, text_data: str | None, bytes_data: bytes | None) -> dict[str, Any]:
         if text_data is None:
@@ -284,8 +287,11 @@ class WorkConsumer(AsyncWebsocketConsumer):
         if not self.closed:
             await self._send({"type": "cancel", "id": item_id, "reason": reason})
 
-    async def _error(self, code: str, message: str) -> None:
-        await self._send({"type": "error", "code": code, "message": message})
+    async def _error(self, code: str, message: str, *, item_id: str | None = None) -> None:
+        frame = {"type": "error", "code": code, "message": message}
+        if item_id is not None and is_valid_id(item_id):
+            frame["id"] = item_id
+        await self._send(frame)
         now = time.monotonic()
         self.errors = [t for t in self.errors if now - t < ABUSE_WINDOW_SECONDS] + [now]
         if len(self.errors) > ABUSE_ERRORS and not self.closed:

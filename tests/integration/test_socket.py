@@ -340,6 +340,13 @@ def test_bad_frames_get_error_frames_and_the_socket_stays_open(server, http, key
             '{"type": "extend", "id": "x", "seconds": "soon"}',
             '{"type": "result", "id": "x", "result": 1, "extra": true}',
         ]
+        await send(ws, {"type": "result", "id": "neverexisted", "result": 1})
+        assert await recv(ws) == {
+            "type": "error",
+            "code": "item_not_found",
+            "message": "item 'neverexisted' does not exist",
+            "id": "neverexisted",
+        }
         for frame in bad:
             await ws.send(frame)
             answer = await recv(ws)

@@ -493,3 +493,15 @@ def test_a_death_repeated_after_a_crash_makes_no_second_dead_letter_copy(make_qu
     engine.requeue_held(item_id=item.id, lease=Item.objects.get(id=item.id).lease or "")
     assert Item.objects.filter(queue__name="dlq").count() == 1
     assert Item.objects.get(id=item.id).dead_letter == Item.objects.get(queue__name="dlq").id
+
+
+@pytest.mark.django_db
+def test_a_retried_item_shows_its_last_failure_until_it_finishes(make_queue):
+    make_queue("q", backoffSeconds=0)
+    item = post(payload="p")
+    (claimed,) = engine.claim(queue_name="q")
+    engine.fail(item_id=item.id, lease=claimed.row.lease, error="disk full", retry=True)
+    assert (row(item.id).status, row(item.id).error) == ("pending", "disk full")
+    engine.claim(queue_name="q")
+    engine.submit_result(item_id=item.id, result=1)
+    assert (row(item.id).status, row(item.id).error) == ("finished", None)
