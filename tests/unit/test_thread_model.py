@@ -111,10 +111,12 @@ class Model:
     def eligible(self) -> list[MItem]:
         """Pending and unthreaded, or the head of a thread with no member processing."""
         out = [
-            i for i in self.items.values()
-            if i.status == "pending" and (
-                i.thread is None
-                or (self.processing(i.thread) is None and self.head(i.thread) is i))
+            i
+            for i in self.items.values()
+            if i.status == "pending"
+            and (
+                i.thread is None or (self.processing(i.thread) is None and self.head(i.thread) is i)
+            )
         ]
         return sorted(out, key=lambda i: i.order)
 
@@ -185,9 +187,14 @@ class ThreadMachine(RuleBasedStateMachine):
         assert not any(self.root.glob("*/*/*.json"))
         self.queue = f"model-{next(self.examples)}"
         # maxAttempts is set again by the ``set_max_attempts`` initializer.
-        self.queue_id = engine.upsert_queue(name=self.queue, body={
-            "maxAttempts": MAX_ATTEMPTS[-1], "backoffSeconds": 0, "queueSeconds": QUEUE_SECONDS,
-        })[0].id
+        self.queue_id = engine.upsert_queue(
+            name=self.queue,
+            body={
+                "maxAttempts": MAX_ATTEMPTS[-1],
+                "backoffSeconds": 0,
+                "queueSeconds": QUEUE_SECONDS,
+            },
+        )[0].id
         self.model = Model(MAX_ATTEMPTS[-1])
         base = utcnow().replace(microsecond=0)
         self.whens = {
@@ -214,9 +221,13 @@ class ThreadMachine(RuleBasedStateMachine):
     @rule(specs=st.lists(SPEC, min_size=1, max_size=3))
     def post(self, specs: list[tuple[str | None, str]]) -> None:
         before = utcnow()
-        posted = engine.post_items(queue_name=self.queue, items=[
-            NewItem(payload=n, thread_id=thread, scheduled_at=self.whens.get(when))
-            for n, (thread, when) in enumerate(specs)])
+        posted = engine.post_items(
+            queue_name=self.queue,
+            items=[
+                NewItem(payload=n, thread_id=thread, scheduled_at=self.whens.get(when))
+                for n, (thread, when) in enumerate(specs)
+            ],
+        )
         after = utcnow()
         for (thread, when), answer in zip(specs, posted, strict=True):
             row = answer.row
@@ -225,8 +236,9 @@ class ThreadMachine(RuleBasedStateMachine):
                 scheduled = row.scheduled_at
             else:
                 scheduled = self.whens[when]
-            self.model.items[row.id] = MItem(id=row.id, thread=thread, scheduled=scheduled,
-                                             arrival=self.model.arrive())
+            self.model.items[row.id] = MItem(
+                id=row.id, thread=thread, scheduled=scheduled, arrival=self.model.arrive()
+            )
 
     @rule(max_items=st.integers(min_value=1, max_value=3))
     def claim(self, max_items: int) -> None:
@@ -345,8 +357,9 @@ class ThreadMachine(RuleBasedStateMachine):
     @rule(index=INDEX)
     def queue_timeout(self, index: int) -> None:
         item = pick(list(self.model.items.values()), index)
-        aged = engine.time_out_if_aged(item_id=item.id,
-                                       at=utcnow() + timedelta(seconds=QUEUE_SECONDS + 60))
+        aged = engine.time_out_if_aged(
+            item_id=item.id, at=utcnow() + timedelta(seconds=QUEUE_SECONDS + 60)
+        )
         assert aged is (not item.terminal)
         if aged:
             self.model.die(item, engine.TIMEOUT)
@@ -372,12 +385,15 @@ class ThreadMachine(RuleBasedStateMachine):
             assert self.states_on_disk(item.id) == [state], item
 
         # (1) what may be claimed, and in which order (the claim's own query, due or not)
-        eligible = sorted((r for r in rows.values() if r.eligible),
-                          key=lambda r: (r.scheduled_at, r.seq))
+        eligible = sorted(
+            (r for r in rows.values() if r.eligible), key=lambda r: (r.scheduled_at, r.seq)
+        )
         assert [r.id for r in eligible] == [i.id for i in model.eligible()], self.dump()
-        claimable = list(Item.objects.filter(queue_id=self.queue_id, eligible=True,
-                                             scheduled_at__lte=at)
-                         .order_by("scheduled_at", "seq").values_list("id", flat=True))
+        claimable = list(
+            Item.objects.filter(queue_id=self.queue_id, eligible=True, scheduled_at__lte=at)
+            .order_by("scheduled_at", "seq")
+            .values_list("id", flat=True)
+        )
         assert claimable == [i.id for i in model.claimable(at)], self.dump()
 
         # (3) I3: at most one processing member per thread
@@ -399,15 +415,19 @@ class ThreadMachine(RuleBasedStateMachine):
 
     def dump(self) -> str:
         rows = Item.objects.filter(queue_id=self.queue_id).order_by("scheduled_at", "seq")
-        lines = [f"{r.id} {r.seq} {r.thread_id} {r.status} {r.eligible} {r.scheduled_at}"
-                 for r in rows]
+        lines = [
+            f"{r.id} {r.seq} {r.thread_id} {r.status} {r.eligible} {r.scheduled_at}" for r in rows
+        ]
         lines += [str(t) for t in Thread.objects.values()]
         lines += [str(i) for i in self.model.items.values()]
         return "\n".join(lines)
 
     def states_on_disk(self, item_id: str) -> list[str]:
-        return [s.value for s in State
-                if (self.root / self.queue / s.value / f"{item_id}.json").exists()]
+        return [
+            s.value
+            for s in State
+            if (self.root / self.queue / s.value / f"{item_id}.json").exists()
+        ]
 
 
 @pytest.mark.timeout(600)  # a pass takes seconds; a failure's shrinking may take minutes
@@ -415,10 +435,13 @@ def test_threads_follow_the_seed(state_root: Path, settings: Any) -> None:
     # Durability is not what this test is about: skip fsync to keep the run short.
     settings.TASKHOSTER = {**settings.TASKHOSTER, "FSYNC": False}
     ThreadMachine.root = state_root
-    run_state_machine_as_test(ThreadMachine, settings=hsettings(
-        max_examples=60,
-        stateful_step_count=30,
-        derandomize=True,
-        database=None,
-        deadline=None,
-    ))
+    run_state_machine_as_test(
+        ThreadMachine,
+        settings=hsettings(
+            max_examples=60,
+            stateful_step_count=30,
+            derandomize=True,
+            database=None,
+            deadline=None,
+        ),
+    )
