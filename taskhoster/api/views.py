@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import time
 from typing import Any
 
@@ -27,6 +25,7 @@ from ..errors import InvalidInput, ItemNotFound
 from ..models import Item, Queue
 from ..status import Status
 from .auth import require
+from .cursors import decode_cursor, encode_cursor
 from .serializers import (
     BulkDeleteSerializer,
     ClaimAnswerSerializer,
@@ -116,20 +115,9 @@ class QueueView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-def _decode_cursor(cursor: str | None) -> str | None:
-    if not cursor:
-        return None
-    try:
-        value = base64.urlsafe_b64decode(cursor.encode() + b"=" * (-len(cursor) % 4)).decode()
-    except (binascii.Error, UnicodeError, ValueError):
-        raise InvalidInput("invalid cursor", code="invalid_cursor") from None
-    return check_item_id(value)
-
-
-def _encode_cursor(item_id: str | None) -> str | None:
-    if item_id is None:
-        return None
-    return base64.urlsafe_b64encode(item_id.encode()).decode().rstrip("=")
+def _item_cursor(cursor: str | None) -> str | None:
+    position = decode_cursor(cursor)
+    return None if position is None else check_item_id(position)
 
 
 class QueueItemsView(APIView):
@@ -166,11 +154,11 @@ class QueueItemsView(APIView):
             queue=q,
             status=Status(status_filter) if status_filter else None,
             thread_id=thread_id,
-            after=_decode_cursor(params.get("cursor")),
+            after=_item_cursor(params.get("cursor")),
             limit=limit,
         )
         return Response(
-            {"items": [item_to_wire(r, q.name) for r in rows], "next": _encode_cursor(last)}
+            {"items": [item_to_wire(r, q.name) for r in rows], "next": encode_cursor(last)}
         )
 
     @extend_schema(
