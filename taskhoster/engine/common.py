@@ -123,7 +123,14 @@ def lock_item(item_id: str) -> Locked | None:
             .filter(queue_id=queue_id, thread_id=thread_id)
             .first()
         )
-    row = Item.objects.select_for_update().select_related("queue").filter(id=item_id).first()
+    # of=("self",): lock the item's row only. On PostgreSQL a plain FOR UPDATE over the join
+    # would also lock the queue's row and make every change in a queue wait for the last.
+    row = (
+        Item.objects.select_for_update(of=("self",))
+        .select_related("queue")
+        .filter(id=item_id)
+        .first()
+    )
     if row is None:
         return None
     return Locked(row=row, queue=row.queue, thread=thread)

@@ -53,6 +53,11 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
 class WorkConsumer(AsyncWebsocketConsumer):
     """One worker's socket."""
 
+    # This consumer takes no channel-layer messages: news reaches it through the process's
+    # dispatcher (``taskhoster.bus``). Not joining the layer also spares every socket a
+    # blocking Redis read, which redis-py 8 times out under channels-redis, closing the socket.
+    channel_layer_alias = "taskhoster-work-sockets-use-no-layer"
+
     async def connect(self) -> None:
         self.queues: list[str] = []
         self.capacity = 0

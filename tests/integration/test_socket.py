@@ -496,3 +496,19 @@ def test_two_server_processes_share_the_state_root_and_wake_each_other(server_fa
             await ws.close()
 
         asyncio.run(run())
+
+
+def test_an_idle_socket_stays_open_and_served_past_seven_seconds(server, http, key):
+    # With REDIS_URL set, channels-redis blocks 5 s at a time reading the layer; the socket
+    # must outlive that (it once closed after ~6 s).
+    make_queue(http)
+
+    async def run():
+        ws = await connect(server, key)
+        await subscribe(ws, ["q"], 1)
+        await recv_none(ws, 7.5)
+        item = post(http, "after a long idle")
+        assert (await recv(ws))["id"] == item
+        await ws.close()
+
+    asyncio.run(run())
