@@ -10,13 +10,24 @@ fsync), and then measures over HTTP with keep-alive, fsync on by default::
 See bench/README.md for what each figure means and how the waiting items are kept honest.
 """
 
+# ruff: noqa: E402
 from __future__ import annotations
+
+# When a file of bench/ runs as a script, bench/ leads sys.path, where a module named like a
+# standard one would shadow it. The repository's root goes there instead (for ``bench.*``).
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(_HERE)
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
 
 import argparse
 import contextlib
 import itertools
 import json
-import os
 import platform
 import re
 import shutil
@@ -24,7 +35,6 @@ import signal
 import socket
 import sqlite3
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -80,18 +90,23 @@ class Environment:
         env = dict(os.environ)
         for name in ("REDIS_URL", "TASKHOSTER_TEST_DB", "DJANGO_ALLOWED_HOSTS", "DJANGO_DEBUG"):
             env.pop(name, None)
-        env.update({
-            "DATABASE_URL": self.database_url,
-            "TASKHOSTER_ROOT": str(self.root),
-            "TASKHOSTER_VAR": str(self.tmp / "var"),
-            "TASKHOSTER_FSYNC": "1" if fsync else "0",
-            "TASKHOSTER_LOG": "WARNING",
-            "DJANGO_SECRET_KEY": f"bench-{self.secret}",
-            "DJANGO_SETTINGS_MODULE": "project.settings",
-            "PYTHONPATH": os.pathsep.join(
-                [str(REPO), *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])]
-            ),
-        })
+        env.update(
+            {
+                "DATABASE_URL": self.database_url,
+                "TASKHOSTER_ROOT": str(self.root),
+                "TASKHOSTER_VAR": str(self.tmp / "var"),
+                "TASKHOSTER_FSYNC": "1" if fsync else "0",
+                "TASKHOSTER_LOG": "WARNING",
+                "DJANGO_SECRET_KEY": f"bench-{self.secret}",
+                "DJANGO_SETTINGS_MODULE": "project.settings",
+                "PYTHONPATH": os.pathsep.join(
+                    [
+                        str(REPO),
+                        *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []),
+                    ]
+                ),
+            }
+        )
         return env
 
 
@@ -150,8 +165,12 @@ def destroy_environment(env: Environment, *, keep: bool) -> None:
 
 def migrate(env: Environment) -> None:
     done = subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=REPO,
-        env=env.process_env(fsync=False), capture_output=True, text=True, timeout=300,
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=REPO,
+        env=env.process_env(fsync=False),
+        capture_output=True,
+        text=True,
+        timeout=300,
         check=False,
     )
     if done.returncode != 0:
@@ -233,8 +252,16 @@ def free_port() -> int:
 
 
 class Daphne:
-    def __init__(self, env: Environment, *, fsync: bool, app: str = ASGI_APP) -> None:
+    def __init__(
+        self,
+        env: Environment,
+        *,
+        fsync: bool,
+        app: str = ASGI_APP,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self.app = app
+        self.extra_args = extra_args
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = env.process_env(fsync=fsync)
@@ -245,9 +272,21 @@ class Daphne:
         with open(self.log, "ab") as log:
             # A session of its own: Ctrl-C reaches only us, and we stop daphne ourselves.
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                 self.app],
-                cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "daphne",
+                    "-b",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                    *self.extra_args,
+                    self.app,
+                ],
+                cwd=REPO,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         deadline = time.monotonic() + 60
@@ -297,8 +336,10 @@ def fill_to(target: int, payload_bytes: int) -> tuple[int, float]:
     added = 0
     while have < target:
         k = min(PREFILL_BATCH, target - have)
-        engine.post_items(queue_name=QUEUE, items=[
-            engine.NewItem(payload=payload(have + i, payload_bytes)) for i in range(k)])
+        engine.post_items(
+            queue_name=QUEUE,
+            items=[engine.NewItem(payload=payload(have + i, payload_bytes)) for i in range(k)],
+        )
         have += k
         added += k
     return added, time.perf_counter() - started
@@ -319,7 +360,7 @@ def drop_items(ids: list[str]) -> None:
 
     st = store()
     for start in range(0, len(ids), 500):
-        chunk = ids[start:start + 500]
+        chunk = ids[start : start + 500]
         Item.objects.filter(id__in=chunk).delete()
         for item_id in chunk:
             st.unlink(QUEUE, item_id)
@@ -336,8 +377,11 @@ def drop_posted_since(marker: str) -> int:
 def drop_claimed() -> int:
     from taskhoster.models import Item
 
-    ids = list(Item.objects.filter(queue__name=QUEUE).exclude(status="pending")
-               .values_list("id", flat=True))
+    ids = list(
+        Item.objects.filter(queue__name=QUEUE)
+        .exclude(status="pending")
+        .values_list("id", flat=True)
+    )
     drop_items(ids)
     return len(ids)
 
@@ -360,9 +404,11 @@ def claim_plan() -> str:
 
     queue = Queue.objects.get(name=QUEUE)
     with transaction.atomic():
-        qs = (Item.objects.select_for_update(skip_locked=True)
-              .filter(queue=queue, eligible=True, scheduled_at__lte=timezone.now())
-              .order_by("scheduled_at", "seq")[:1])
+        qs = (
+            Item.objects.select_for_update(skip_locked=True)
+            .filter(queue=queue, eligible=True, scheduled_at__lte=timezone.now())
+            .order_by("scheduled_at", "seq")[:1]
+        )
         plan = qs.explain()
     return " | ".join(line.strip() for line in plan.splitlines() if line.strip())
 
@@ -412,14 +458,17 @@ class Row:
 
 
 def make_client(url: str, key: str) -> httpx.Client:
-    return httpx.Client(base_url=url, trust_env=False, timeout=60,
-                        headers={"Authorization": f"Token {key}"})
+    return httpx.Client(
+        base_url=url, trust_env=False, timeout=60, headers={"Authorization": f"Token {key}"}
+    )
 
 
 def expect(response: httpx.Response, status: int) -> httpx.Response:
     if response.status_code != status:
-        raise BenchError(f"{response.request.method} {response.request.url.path}: "
-                         f"{response.status_code} {response.text[:300]}")
+        raise BenchError(
+            f"{response.request.method} {response.request.url.path}: "
+            f"{response.status_code} {response.text[:300]}"
+        )
     return response
 
 
@@ -431,17 +480,27 @@ def make_op(name: str, payload_bytes: int) -> tuple[Op, int, int]:
     counter = itertools.count()
     items_url = f"/api/queues/{QUEUE}/items"
     if name in ("post", "post-x4"):
+
         def post_one(client: httpx.Client) -> int:
             body = json.dumps({"payload": payload(next(counter), payload_bytes)})
             expect(client.post(items_url, content=body, headers=JSON_HEADERS), 201)
             return 1
+
         return post_one, 1, 1
     if name == "batch500":
+
         def post_batch(client: httpx.Client) -> int:
-            body = json.dumps({"items": [{"payload": payload(next(counter), payload_bytes)}
-                                         for _ in range(BATCH_SIZE)]})
+            body = json.dumps(
+                {
+                    "items": [
+                        {"payload": payload(next(counter), payload_bytes)}
+                        for _ in range(BATCH_SIZE)
+                    ]
+                }
+            )
             expect(client.post(items_url, content=body, headers=JSON_HEADERS), 201)
             return BATCH_SIZE
+
         return post_batch, BATCH_SIZE, 1
     claim_url = f"/api/queues/{QUEUE}/claim"
     result_body = json.dumps({"result": {"ok": True}})
@@ -451,11 +510,16 @@ def make_op(name: str, payload_bytes: int) -> tuple[Op, int, int]:
         items = answer.json()["items"]
         if not items:
             return 0
-        verdict = expect(client.post(f"/api/items/{items[0]['id']}/result",
-                                     content=result_body, headers=JSON_HEADERS), 200).json()
+        verdict = expect(
+            client.post(
+                f"/api/items/{items[0]['id']}/result", content=result_body, headers=JSON_HEADERS
+            ),
+            200,
+        ).json()
         if verdict.get("accepted") is not True:
             raise BenchError(f"result not accepted: {verdict}")
         return 1
+
     return claim_and_result, 1, 2
 
 
@@ -468,8 +532,9 @@ class Outcome:
     note: str
 
 
-def run_load(url: str, key: str, op: Op, *, threads: int, seconds: float, cap: int,
-             unit: int, warmup: int) -> Outcome:
+def run_load(
+    url: str, key: str, op: Op, *, threads: int, seconds: float, cap: int, unit: int, warmup: int
+) -> Outcome:
     """Run ``op`` in ``threads`` threads (one keep-alive connection each) for ``seconds``,
     or until ``cap`` units are done, or until the op finds nothing left to do."""
     lock = threading.Lock()
@@ -548,8 +613,13 @@ def run_load(url: str, key: str, op: Op, *, threads: int, seconds: float, cap: i
     if not spans:
         raise BenchError("; ".join(notes) or "no worker ran")
     elapsed = max(end for _, end in spans) - min(start for start, _ in spans)
-    return Outcome(count=state["done"], seconds=elapsed, latencies=sorted(latencies),
-                   errors=state["errors"], note="; ".join(dict.fromkeys(notes)))
+    return Outcome(
+        count=state["done"],
+        seconds=elapsed,
+        latencies=sorted(latencies),
+        errors=state["errors"],
+        note="; ".join(dict.fromkeys(notes)),
+    )
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -577,8 +647,12 @@ def count_queries(key: str, payload_bytes: int) -> dict[str, list[str]]:
         return response.json()
 
     run("post 1 item", f"/api/queues/{QUEUE}/items", {"payload": payload(0, payload_bytes)}, 201)
-    run(f"post batch of {BATCH_SIZE}", f"/api/queues/{QUEUE}/items",
-        {"items": [{"payload": payload(n, payload_bytes)} for n in range(BATCH_SIZE)]}, 201)
+    run(
+        f"post batch of {BATCH_SIZE}",
+        f"/api/queues/{QUEUE}/items",
+        {"items": [{"payload": payload(n, payload_bytes)} for n in range(BATCH_SIZE)]},
+        201,
+    )
     claimed = run("claim max=1", f"/api/queues/{QUEUE}/claim", {"max": 1}, 200)
     item_id = claimed["items"][0]["id"]
     run("result", f"/api/items/{item_id}/result", {"result": {"ok": True}}, 200)
@@ -593,8 +667,10 @@ def _squeeze(sql: str) -> str:
 
 
 def print_queries(found: dict[str, list[str]]) -> None:
-    say("\n== SQL statements per request (Django test client in the bench process; the server "
-        "also opens and closes a connection per request)")
+    say(
+        "\n== SQL statements per request (Django test client in the bench process; the server "
+        "also opens and closes a connection per request)"
+    )
     for label, queries in found.items():
         say(f"   {label}: {len(queries)} statements")
         shown = queries if len(queries) <= 16 else [*queries[:12], "…", *queries[-3:]]
@@ -607,17 +683,35 @@ def print_queries(found: dict[str, list[str]]) -> None:
 
 class Profiler:
     def __init__(self, pid: int, out: Path, seconds: float, rate: int) -> None:
-        exe = shutil.which("py-spy", path=os.pathsep.join(
-            [str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+        exe = shutil.which(
+            "py-spy",
+            path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        )
         if exe is None:
             raise BenchError("--profile needs py-spy: .venv/bin/pip install py-spy")
         self.out = out
         self.rate = rate
         self.proc = subprocess.Popen(
-            [exe, "record", "--pid", str(pid), "--rate", str(rate), "--threads", "--idle",
-             "--format", "raw", "--duration", str(max(1, round(seconds))), "--output", str(out),
-             "--nonblocking"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+            [
+                exe,
+                "record",
+                "--pid",
+                str(pid),
+                "--rate",
+                str(rate),
+                "--threads",
+                "--idle",
+                "--format",
+                "raw",
+                "--duration",
+                str(max(1, round(seconds))),
+                "--output",
+                str(out),
+                "--nonblocking",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         time.sleep(0.5)  # let it attach before the clock starts
 
@@ -669,23 +763,33 @@ def _probes() -> list[tuple[str, Callable[[list[Frame]], bool]]]:
         ("StateStore.write, all of it", any_frame(r"StateStore\.write$")),
         ("StateStore.move (rename)", any_frame(r"StateStore\.move$")),
         ("StateStore.read", any_frame(r"StateStore\.read$")),
-        ("DB: open a connection (per request thread)",
-         any_frame(r"\.(connect|get_new_connection)$", "django/db/backends/")),
-        ("DB: close the connection (request end)",
-         any_frame(r"\._close$|\.close$", "django/db/backends/base/base.py")),
+        (
+            "DB: open a connection (per request thread)",
+            any_frame(r"\.(connect|get_new_connection)$", "django/db/backends/"),
+        ),
+        (
+            "DB: close the connection (request end)",
+            any_frame(r"\._close$|\.close$", "django/db/backends/base/base.py"),
+        ),
         ("DB: COMMIT", any_frame(r"\._commit$", "django/db/backends/")),
-        ("DB: executing queries", any_frame(r"\._execute$|\._executemany$",
-                                            "django/db/backends/utils.py")),
-        ("auth: key lookup (keys.authenticate)", any_frame(r"(^|\.)authenticate$",
-                                                          "taskhoster/keys.py")),
+        (
+            "DB: executing queries",
+            any_frame(r"\._execute$|\._executemany$", "django/db/backends/utils.py"),
+        ),
+        (
+            "auth: key lookup (keys.authenticate)",
+            any_frame(r"(^|\.)authenticate$", "taskhoster/keys.py"),
+        ),
         ("view: _item_queue_name lookup", any_frame(r"_item_queue_name$")),
         ("metrics.maybe_flush", any_frame(r"maybe_flush$", "taskhoster/metrics.py")),
         ("engine.post_items", any_frame(r"(^|\.)post_items$", "engine/posting.py")),
         ("engine.claim", any_frame(r"(^|\.)claim$", "engine/claiming.py")),
         ("engine.submit_result", any_frame(r"(^|\.)submit_result$", "engine/verdicts.py")),
         ("request parsing + validation (validated)", any_frame(r"(^|\.)validated$")),
-        ("response: item_to_wire + JSON render", any_frame(
-            r"(^|\.)item_to_wire$|JSONRenderer\.render$")),
+        (
+            "response: item_to_wire + JSON render",
+            any_frame(r"(^|\.)item_to_wire$|JSONRenderer\.render$"),
+        ),
     ]
 
 
@@ -758,7 +862,8 @@ def summarize_profile(path: Path, rate: int, ops: int, what: str) -> dict[str, A
         },
         "top_leaves_ms_per_op": {k: round(v * ms, 3) for k, v in leaves.most_common(12)},
         "reactor_top_leaves_ms_per_op": {
-            k: round(v * ms, 3) for k, v in main_leaves.most_common(6)},
+            k: round(v * ms, 3) for k, v in main_leaves.most_common(6)
+        },
     }
 
 
@@ -767,13 +872,17 @@ def print_profile(report: dict[str, Any]) -> None:
     if "error" in report:
         say(f"   {report['error']}")
         return
-    say(f"   request threads {report['request_threads_ms_per_op']:.2f} ms per op; "
+    say(
+        f"   request threads {report['request_threads_ms_per_op']:.2f} ms per op; "
         f"daphne's reactor thread busy {report['reactor_busy_ms_per_op']:.2f} ms per op "
-        f"({report['ops']} ops; wall time includes waiting on disk and locks)")
-    sections = [("named slices (inclusive)", "probes_ms_per_op", 30),
-                ("top functions (inclusive)", "top_functions_ms_per_op", 25),
-                ("top leaf lines, request threads (self)", "top_leaves_ms_per_op", 12),
-                ("top leaf lines, reactor thread (self)", "reactor_top_leaves_ms_per_op", 6)]
+        f"({report['ops']} ops; wall time includes waiting on disk and locks)"
+    )
+    sections = [
+        ("named slices (inclusive)", "probes_ms_per_op", 30),
+        ("top functions (inclusive)", "top_functions_ms_per_op", 25),
+        ("top leaf lines, request threads (self)", "top_leaves_ms_per_op", 12),
+        ("top leaf lines, reactor thread (self)", "reactor_top_leaves_ms_per_op", 6),
+    ]
     for title, key, limit in sections:
         say(f"   {title}, ms per op:")
         for k, v in list(report[key].items())[:limit]:
@@ -800,8 +909,15 @@ def filesystem_of(path: Path) -> str:
     return kind
 
 
-def measure_once(args: argparse.Namespace, env: Environment, key: str, server: Daphne,
-                 waiting: int, name: str, run: int) -> tuple[Row, dict[str, Any] | None]:
+def measure_once(
+    args: argparse.Namespace,
+    env: Environment,
+    key: str,
+    server: Daphne,
+    waiting: int,
+    name: str,
+    run: int,
+) -> tuple[Row, dict[str, Any] | None]:
     from django.db import connections
 
     what, threads, unit_name = MEASUREMENTS[name]
@@ -818,26 +934,42 @@ def measure_once(args: argparse.Namespace, env: Environment, key: str, server: D
         out = args.profile / f"{env.label}-{waiting}-{name}-{run}.txt"
         profiler = Profiler(server.proc.pid, out, args.seconds, args.profile_rate)
     try:
-        outcome = run_load(server.url, key, op, threads=threads, seconds=args.seconds,
-                           cap=cap, unit=unit, warmup=args.warmup)
+        outcome = run_load(
+            server.url,
+            key,
+            op,
+            threads=threads,
+            seconds=args.seconds,
+            cap=cap,
+            unit=unit,
+            warmup=args.warmup,
+        )
     finally:
         if profiler:
             profiler.finish()
     end_waiting = pending_count()
     ops = outcome.count // unit
     row = Row(
-        database=env.label, waiting=start_waiting, waiting_end=end_waiting, what=what,
-        name=name, unit=unit_name, count=outcome.count, seconds=round(outcome.seconds, 3),
+        database=env.label,
+        waiting=start_waiting,
+        waiting_end=end_waiting,
+        what=what,
+        name=name,
+        unit=unit_name,
+        count=outcome.count,
+        seconds=round(outcome.seconds, 3),
         per_second=round(outcome.count / outcome.seconds, 1) if outcome.seconds else 0.0,
         requests=ops * requests_per_op,
         p50_ms=round(percentile(outcome.latencies, 0.50), 2),
         p99_ms=round(percentile(outcome.latencies, 0.99), 2),
-        errors=outcome.errors, note=outcome.note,
+        errors=outcome.errors,
+        note=outcome.note,
     )
     report = None
     if profiler:
-        report = summarize_profile(profiler.out, args.profile_rate, ops,
-                                   f"{env.label}, {waiting:,} waiting, {what}")
+        report = summarize_profile(
+            profiler.out, args.profile_rate, ops, f"{env.label}, {waiting:,} waiting, {what}"
+        )
     # Put the queue back to exactly N waiting for the next measurement.
     if name.startswith("claim"):
         drop_claimed()
@@ -849,14 +981,23 @@ def measure_once(args: argparse.Namespace, env: Environment, key: str, server: D
     return row, report
 
 
-def measure_all(args: argparse.Namespace, env: Environment, key: str, server: Daphne,
-                rows: list[Row], runs: list[Row], profiles: list[dict[str, Any]]) -> None:
+def measure_all(
+    args: argparse.Namespace,
+    env: Environment,
+    key: str,
+    server: Daphne,
+    rows: list[Row],
+    runs: list[Row],
+    profiles: list[dict[str, Any]],
+) -> None:
     for waiting in args.waiting:
         added, took = fill_to(waiting, args.payload_bytes)
         analyze_database()
         synced = settle_disk()
-        say(f"[{env.label}] {waiting:,} waiting (prefilled {added:,} in {took:.1f} s, "
-            f"then sync {synced:.1f} s)")
+        say(
+            f"[{env.label}] {waiting:,} waiting (prefilled {added:,} in {took:.1f} s, "
+            f"then sync {synced:.1f} s)"
+        )
         if args.explain:
             say(f"   claim plan: {claim_plan()}")
         for name in args.only:
@@ -874,62 +1015,105 @@ def measure_all(args: argparse.Namespace, env: Environment, key: str, server: Da
             if len(mine) > 1:
                 low, high = ranked[0].per_second, ranked[-1].per_second
                 spread = f"median of {len(mine)}: {low:g}-{high:g}/s"
-                median = Row(**{**asdict(median), "note": "; ".join(
-                    x for x in (spread, median.note) if x)})
+                median = Row(
+                    **{**asdict(median), "note": "; ".join(x for x in (spread, median.note) if x)}
+                )
             rows.append(median)
 
 
-HEADER = (f"{'database':<10} {'waiting':>9} {'what':<36} {'count':>7} {'seconds':>7} "
-          f"{'per second':>10} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}")
+HEADER = (
+    f"{'database':<10} {'waiting':>9} {'what':<36} {'count':>7} {'seconds':>7} "
+    f"{'per second':>10} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}"
+)
 
 
 def format_row(r: Row) -> str:
     waiting = f"{r.waiting:,}"
     what = f"{r.what} ({'items' if r.unit == 'items' else 'trips'})"
-    text = (f"{r.database:<10} {waiting:>9} {what:<36} {r.count:>7} {r.seconds:>7.2f} "
-            f"{r.per_second:>10.1f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} {r.errors:>6}")
+    text = (
+        f"{r.database:<10} {waiting:>9} {what:<36} {r.count:>7} {r.seconds:>7.2f} "
+        f"{r.per_second:>10.1f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} {r.errors:>6}"
+    )
     return text + (f"  [{r.note}]" if r.note else "")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--waiting", default="1000,100000",
-                        help="comma-separated counts of items waiting in the queue")
+    parser.add_argument(
+        "--waiting",
+        default="1000,100000",
+        help="comma-separated counts of items waiting in the queue",
+    )
     parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
-    parser.add_argument("--fsync", action=argparse.BooleanOptionalAction, default=True,
-                        help="fsync in the server (default on, as in production)")
-    parser.add_argument("--database-url",
-                        help="a local PostgreSQL URL to create (and drop) a bench database "
-                        "from, e.g. postgres://postgres@127.0.0.1:5432/postgres; "
-                        "default: a fresh SQLite file")
-    parser.add_argument("--only", default=",".join(MEASUREMENTS),
-                        help=f"measurements to run, of: {', '.join(MEASUREMENTS)}")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="run each measurement this many times and report the median run")
-    parser.add_argument("--max-items", type=int, default=50_000,
-                        help="cap on items (or round trips) per measurement")
+    parser.add_argument(
+        "--fsync",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fsync in the server (default on, as in production)",
+    )
+    parser.add_argument(
+        "--database-url",
+        help="a local PostgreSQL URL to create (and drop) a bench database "
+        "from, e.g. postgres://postgres@127.0.0.1:5432/postgres; "
+        "default: a fresh SQLite file",
+    )
+    parser.add_argument(
+        "--only",
+        default=",".join(MEASUREMENTS),
+        help=f"measurements to run, of: {', '.join(MEASUREMENTS)}",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each measurement this many times and report the median run",
+    )
+    parser.add_argument(
+        "--max-items",
+        type=int,
+        default=50_000,
+        help="cap on items (or round trips) per measurement",
+    )
     parser.add_argument("--payload-bytes", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=3, help="untimed ops per client first")
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--profile", type=Path,
-                        help="attach py-spy to daphne during each measurement; write raw "
-                        "profiles to this directory and print where the time goes (figures "
-                        "of a profiled run are slowed by the sampler)")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="attach py-spy to daphne during each measurement; write raw "
+        "profiles to this directory and print where the time goes (figures "
+        "of a profiled run are slowed by the sampler)",
+    )
     parser.add_argument("--profile-rate", type=int, default=250, help="py-spy samples/s")
-    parser.add_argument("--explain", action=argparse.BooleanOptionalAction, default=True,
-                        help="print the claim query's plan at each waiting count")
-    parser.add_argument("--hold-db-connection", action="store_true",
-                        help="SQLite: keep one idle connection to the database open in this "
-                        "process while measuring (what an always-connected process would do: "
-                        "the server's per-request connections then never close the last "
-                        "connection, so SQLite does not checkpoint and drop the WAL each time)")
-    parser.add_argument("--experiment", choices=["none", "reuse-threads"], default="none",
-                        help="reuse-threads: serve through bench.core:reuse_threads_application "
-                        "(a few long-lived request threads with persistent SQLite connections "
-                        "instead of a new thread and connection per request); NOT the app as "
-                        "shipped, only to size a suggested fix")
-    parser.add_argument("--count-queries", action=argparse.BooleanOptionalAction, default=True,
-                        help="at the end, list the SQL each kind of request runs")
+    parser.add_argument(
+        "--explain",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="print the claim query's plan at each waiting count",
+    )
+    parser.add_argument(
+        "--hold-db-connection",
+        action="store_true",
+        help="SQLite: keep one idle connection to the database open in this "
+        "process while measuring (what an always-connected process would do: "
+        "the server's per-request connections then never close the last "
+        "connection, so SQLite does not checkpoint and drop the WAL each time)",
+    )
+    parser.add_argument(
+        "--experiment",
+        choices=["none", "reuse-threads"],
+        default="none",
+        help="reuse-threads: serve through bench.core:reuse_threads_application "
+        "(a few long-lived request threads with persistent SQLite connections "
+        "instead of a new thread and connection per request); NOT the app as "
+        "shipped, only to size a suggested fix",
+    )
+    parser.add_argument(
+        "--count-queries",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="at the end, list the SQL each kind of request runs",
+    )
     parser.add_argument("--tmpdir", help="where to create the run's temp dir")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, state)")
     args = parser.parse_args(argv)
@@ -996,17 +1180,24 @@ def main(argv: list[str] | None = None) -> int:
             engine.upsert_queue(name=QUEUE, body={})
             key = create_key(name="bench", scopes=["produce", "work", "manage"])[1]
             meta = {
-                "database": env.label, "fsync": args.fsync, "seconds": args.seconds,
-                "payload_bytes": args.payload_bytes, "python": platform.python_version(),
-                "cpus": os.cpu_count(), "filesystem": filesystem_of(env.root),
+                "database": env.label,
+                "fsync": args.fsync,
+                "seconds": args.seconds,
+                "payload_bytes": args.payload_bytes,
+                "python": platform.python_version(),
+                "cpus": os.cpu_count(),
+                "filesystem": filesystem_of(env.root),
                 "fsync_probe_ms": round(fsync_probe(env.root), 3),
                 "load_before": load_average(),
-                "profiled": bool(args.profile), "experiment": args.experiment,
+                "profiled": bool(args.profile),
+                "experiment": args.experiment,
                 "held_db_connection": False,
             }
-            say(f"[{env.label}] state root {env.root} ({meta['filesystem']}); "
+            say(
+                f"[{env.label}] state root {env.root} ({meta['filesystem']}); "
                 f"write+fsync+dir fsync ~ {meta['fsync_probe_ms']:.2f} ms; "
-                f"load average {meta['load_before']}; {meta['cpus']} CPUs")
+                f"load average {meta['load_before']}; {meta['cpus']} CPUs"
+            )
             if args.hold_db_connection and env.label == "sqlite":
                 holder = sqlite3.connect(env.database_url.removeprefix("sqlite:///"))
                 holder.execute("SELECT count(*) FROM sqlite_master").fetchall()
@@ -1026,20 +1217,30 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as exc:
         say(f"error: {exc}")
         return 1
-    print(f"\nTaskhoster core benchmark: {meta.get('database')}, fsync "
-          f"{'on' if args.fsync else 'off'}, {args.seconds:g} s per measurement"
-          f"{f' (median of {args.repeat} runs)' if args.repeat > 1 else ''}, "
-          f"load average {meta.get('load_before')} -> {meta.get('load_after')}"
-          + (" (PROFILED: slowed by py-spy)" if args.profile else "")
-          + (f" (EXPERIMENT {args.experiment})" if args.experiment != "none" else "")
-          + (" (an idle SQLite connection held open)" if meta.get("held_db_connection") else ""))
+    print(
+        f"\nTaskhoster core benchmark: {meta.get('database')}, fsync "
+        f"{'on' if args.fsync else 'off'}, {args.seconds:g} s per measurement"
+        f"{f' (median of {args.repeat} runs)' if args.repeat > 1 else ''}, "
+        f"load average {meta.get('load_before')} -> {meta.get('load_after')}"
+        + (" (PROFILED: slowed by py-spy)" if args.profile else "")
+        + (f" (EXPERIMENT {args.experiment})" if args.experiment != "none" else "")
+        + (" (an idle SQLite connection held open)" if meta.get("held_db_connection") else "")
+    )
     print(HEADER)
     for row in rows:
         print(format_row(row))
     if args.json:
-        args.json.write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in rows],
-                                         "runs": [asdict(r) for r in runs],
-                                         "profiles": profiles}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "meta": meta,
+                    "results": [asdict(r) for r in rows],
+                    "runs": [asdict(r) for r in runs],
+                    "profiles": profiles,
+                },
+                indent=2,
+            )
+        )
         print(f"wrote {args.json}")
     return 0
 
