@@ -123,6 +123,9 @@ class Item(models.Model):
                 name="item_claimable",
             ),
             models.Index(fields=["queue", "status", "id"], name="item_by_status"),
+            # The admin's item list sorts by these over the whole index.
+            models.Index(fields=["scheduled_at"], name="item_by_scheduled"),
+            models.Index(fields=["posted_at"], name="item_by_posted"),
             models.Index(fields=["queue", "id"], name="item_by_queue"),
             models.Index(
                 fields=["queue", "thread_id", "status", "scheduled_at", "seq"],

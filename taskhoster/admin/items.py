@@ -1,0 +1,344 @@
+"""Items: a list over the index (never the files), a read-only detail page that reads the
+file, and actions that go through the engine (delete, delete everything matching, restart)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
+from django.db.models import Count, Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from .. import engine
+from ..errors import TaskhosterError
+from ..models import Item, Queue
+from ..timeutil import now as utcnow
+from .common import CappedPaginator, item_link, paginator_for
+
+DELETE_CHUNK = 500
+
+
+class AttemptsFilter(admin.SimpleListFilter):
+    title = "attempts"
+    parameter_name = "attempts"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("0", "0"), ("1", "1"), ("2", "2"), ("3+", "3 or more")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Item]) -> QuerySet[Item]:
+        value = self.value()
+        if value == "3+":
+            return queryset.filter(attempts__gte=3)
+        if value in {"0", "1", "2"}:
+            return queryset.filter(attempts=int(value))
+        return queryset
+
+
+AGES = {"5m": timedelta(minutes=5), "1h": timedelta(hours=1), "1d": timedelta(days=1)}
+
+
+class AgeFilter(admin.SimpleListFilter):
+    """Age from postedAt: younger than 5 minutes / an hour / a day, or older than a day."""
+
+    title = "age (from postedAt)"
+    parameter_name = "age"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            ("5m", "under 5 minutes"),
+            ("1h", "under an hour"),
+            ("1d", "under a day"),
+            ("old", "a day or more"),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Item]) -> QuerySet[Item]:
+        value = self.value()
+        if value in AGES:
+            return queryset.filter(posted_at__gte=utcnow() - AGES[value])
+        if value == "old":
+            return queryset.filter(posted_at__lt=utcnow() - AGES["1d"])
+        return queryset
+
+
+class ThreadFilter(admin.SimpleListFilter):
+    """Threaded or not; ``?thread_id=<id>`` (the thread pages link to it) picks one thread."""
+
+    title = "thread"
+    parameter_name = "threaded"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "in a thread"), ("no", "not threaded")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Item]) -> QuerySet[Item]:
+        if self.value() == "yes":
+            return queryset.filter(thread_id__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(thread_id__isnull=True)
+        return queryset
+
+
+def pretty(value: Any) -> SafeString:
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    return format_html('<pre class="th-json">{}</pre>', text)
+
+
+def status_counts(queryset: QuerySet[Item]) -> dict[str, int]:
+    rows = queryset.order_by().values("status").annotate(n=Count("id"))
+    return {row["status"]: row["n"] for row in rows}
+
+
+@admin.register(Item)
+class ItemAdmin(admin.ModelAdmin):
+    list_display = (
+        "id",
+        "queue",
+        "status",
+        "thread_id",
+        "attempts",
+        "scheduled_at",
+        "posted_at",
+        "finished_at",
+    )
+    list_filter = ("queue", "status", ThreadFilter, AttemptsFilter, AgeFilter)
+    sortable_by = ("scheduled_at", "posted_at")
+    ordering = ("-id",)
+    search_fields = ("=id", "=key", "=thread_id")
+    search_help_text = "An exact item id, key or threadId."
+    paginator = CappedPaginator
+
+    def get_paginator(
+        self, request: HttpRequest, queryset: Any, per_page: int, *args: Any, **kw: Any
+    ) -> CappedPaginator:
+        return paginator_for(request, queryset, per_page)
+
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    list_per_page = 100
+    actions = ["delete_selected_items", "restart_selected_items"]
+    change_list_template = "admin/taskhoster/item/change_list.html"
+    fields = (
+        "id",
+        "queue",
+        "status",
+        "thread_id",
+        "key",
+        "scheduled_at",
+        "posted_at",
+        "attempts",
+        "lease_expires_at",
+        "claimed_at",
+        "finished_at",
+        "fetched_at",
+        "error",
+        "origin_link",
+        "dead_letter_link",
+        "payload",
+        "result",
+    )
+    readonly_fields = fields
+
+    # Read-only: every change goes through the actions below, which call the engine.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Item]:
+        # Only the columns a list shows: no join, no error/origin text.
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("queue")
+            .only(*(f for f in self.list_display if f != "queue"), "queue__name")
+        )
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Item], search_term: str
+    ) -> tuple[QuerySet[Item], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        # queue IN (...) leads the (queue, key) and (queue, thread_id) indexes.
+        queues = list(Queue.objects.values_list("id", flat=True))
+        match = (
+            Q(id=term) | Q(queue_id__in=queues, key=term) | Q(queue_id__in=queues, thread_id=term)
+        )
+        return queryset.filter(match), False
+
+    # The detail page: the index row plus the file, read without counting as a producer's read.
+    def _record(self, obj: Item) -> dict[str, Any] | None:
+        cache: dict[str, Any] = obj.__dict__.setdefault("_th_record", {})
+        if "record" not in cache:
+            try:
+                cache["record"] = engine.get_item(item_id=obj.id, producer_read=False)[1]
+            except TaskhosterError:
+                cache["record"] = None
+        return cache["record"]
+
+    @admin.display(description="payload")
+    def payload(self, obj: Item) -> SafeString | str:
+        record = self._record(obj)
+        return "(file missing)" if record is None else pretty(record.get("payload"))
+
+    @admin.display(description="result")
+    def result(self, obj: Item) -> SafeString | str:
+        record = self._record(obj)
+        return "(file missing)" if record is None else pretty(record.get("result"))
+
+    @admin.display(description="origin")
+    def origin_link(self, obj: Item) -> SafeString | str:
+        if not obj.origin:
+            return "-"
+        origin = dict(obj.origin)
+        return format_html(
+            "{} from queue {} {}",
+            item_link(str(origin.get("id"))),
+            origin.get("queue"),
+            pretty(origin),
+        )
+
+    @admin.display(description="dead letter")
+    def dead_letter_link(self, obj: Item) -> SafeString | str:
+        return item_link(obj.dead_letter)
+
+    # Actions, each behind a confirmation page that says how many items and which states.
+    def _confirm(
+        self,
+        request: HttpRequest,
+        *,
+        action: str,
+        title: str,
+        counts: dict[str, int],
+        ids: list[str] | None,
+        note: str = "",
+    ) -> TemplateResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "opts": self.model._meta,
+            "action": action,
+            "counts": sorted(counts.items()),
+            "total": sum(counts.values()),
+            "ids": ids or [],
+            "note": note,
+            "query": request.META.get("QUERY_STRING", ""),
+        }
+        return TemplateResponse(request, "admin/taskhoster/item/confirm.html", context)
+
+    @admin.action(description="Delete selected items (through the engine)")
+    def delete_selected_items(
+        self, request: HttpRequest, queryset: QuerySet[Item]
+    ) -> HttpResponse | None:
+        ids = list(queryset.order_by("id").values_list("id", flat=True)[: COUNT_LIMIT + 1])
+        if len(ids) > COUNT_LIMIT:
+            self.message_user(
+                request,
+                "Too many for one action: use “Delete all matching the filter”.",
+                messages.ERROR,
+            )
+            return None
+        if request.POST.get("confirm") != "yes":
+            counts = status_counts(Item.objects.filter(id__in=ids))
+            return self._confirm(
+                request,
+                action="delete_selected_items",
+                title="Delete these items?",
+                counts=counts,
+                ids=ids,
+            )
+        deleted = engine.delete_items(item_ids=ids)
+        self.message_user(request, f"Deleted {deleted} item(s).", messages.SUCCESS)
+        return None
+
+    @admin.action(description="Restart selected failed items (through the engine)")
+    def restart_selected_items(
+        self, request: HttpRequest, queryset: QuerySet[Item]
+    ) -> HttpResponse | None:
+        ids = list(queryset.order_by("id").values_list("id", flat=True)[: COUNT_LIMIT + 1])
+        if len(ids) > COUNT_LIMIT:
+            self.message_user(request, "Too many items for one action.", messages.ERROR)
+            return None
+        if request.POST.get("confirm") != "yes":
+            counts = status_counts(Item.objects.filter(id__in=ids))
+            return self._confirm(
+                request,
+                action="restart_selected_items",
+                title="Restart these items?",
+                counts=counts,
+                ids=ids,
+                note="Only failed items are restarted; the others are left as they are.",
+            )
+        restarted = skipped = 0
+        for item_id in ids:
+            try:
+                engine.restart(item_id=item_id)
+                restarted += 1
+            except TaskhosterError:
+                skipped += 1
+        level = messages.SUCCESS if restarted else messages.WARNING
+        self.message_user(
+            request, f"Restarted {restarted} item(s); {skipped} not failed or gone.", level
+        )
+        return None
+
+    # "Delete all matching the current filter": its own page, deleting in chunks of ids.
+    def get_urls(self) -> list[URLPattern]:
+        extra = [
+            path(
+                "delete-matching/",
+                self.admin_site.admin_view(self.delete_matching_view),
+                name="taskhoster_item_delete_matching",
+            )
+        ]
+        return extra + super().get_urls()
+
+    def _filtered(self, request: HttpRequest) -> QuerySet[Item]:
+        changelist: ChangeList = self.get_changelist_instance(request)
+        return changelist.get_queryset(request).order_by()
+
+    def delete_matching_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            return HttpResponseRedirect(reverse("admin:index"))
+        queryset = self._filtered(request)
+        back = reverse("admin:taskhoster_item_changelist")
+        query = request.META.get("QUERY_STRING", "")
+        if request.method == "POST" and request.POST.get("confirm") == "yes":
+            deleted = delete_matching(queryset)
+            self.message_user(request, f"Deleted {deleted} item(s).", messages.SUCCESS)
+            return HttpResponseRedirect(f"{back}?{query}" if query else back)
+        return self._confirm(
+            request,
+            action="",
+            title="Delete every item matching the filter?",
+            counts=status_counts(queryset),
+            ids=None,
+            note="Items that arrive while this runs and match the filter are deleted too.",
+        )
+
+
+COUNT_LIMIT = 10_000
+
+
+def delete_matching(queryset: QuerySet[Item]) -> int:
+    """Delete what ``queryset`` matches through the engine, ``DELETE_CHUNK`` ids at a time."""
+    deleted = 0
+    after = ""
+    while True:
+        ids = list(
+            queryset.filter(id__gt=after).order_by("id").values_list("id", flat=True)[:DELETE_CHUNK]
+        )
+        if not ids:
+            return deleted
+        deleted += engine.delete_items(item_ids=ids)
+        after = ids[-1]

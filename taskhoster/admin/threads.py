@@ -1,0 +1,90 @@
+"""Threads: each live thread's head, member count and processing member; the detail page
+lists its members in head order (the engine's own read, ``engine.threads.thread_members``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from ..engine.common import first_pending_member
+from ..engine.threads import thread_members
+from ..models import Thread
+from .common import CappedPaginator, item_link, items_url, paginator_for
+
+MEMBERS_SHOWN = 500
+
+
+@admin.register(Thread)
+class ThreadAdmin(admin.ModelAdmin):
+    list_display = ("thread_id", "queue", "head", "member_count", "processing")
+    list_filter = ("queue",)
+    search_fields = ("=thread_id",)
+    search_help_text = "An exact threadId."
+    sortable_by = ()
+    ordering = ("-id",)
+    paginator = CappedPaginator
+
+    def get_paginator(
+        self, request: HttpRequest, queryset: Any, per_page: int, *args: Any, **kw: Any
+    ) -> CappedPaginator:
+        return paginator_for(request, queryset, per_page)
+
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    fields = ("queue", "thread_id", "member_count", "head", "processing", "members")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Thread]:
+        return super().get_queryset(request).select_related("queue")
+
+    @admin.display(description="head")
+    def head(self, obj: Thread) -> SafeString | str:
+        head = obj.head_item or first_pending_member(obj.queue_id, obj.thread_id)
+        return item_link(head)
+
+    @admin.display(description="processing")
+    def processing(self, obj: Thread) -> SafeString | str:
+        return item_link(obj.processing_item)
+
+    @admin.display(description="members in head order")
+    def members(self, obj: Thread) -> SafeString:
+        rows, more = thread_members(
+            queue=obj.queue, thread_id=obj.thread_id, after=None, limit=MEMBERS_SHOWN
+        )
+        body = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (n, item_link(m.id), m.status, m.scheduled_at.isoformat(), m.attempts)
+                for n, m in enumerate(rows, 1)
+            ),
+        )
+        tail = (
+            format_html(
+                '<p>First {} shown; <a href="{}">all members</a>.</p>',
+                MEMBERS_SHOWN,
+                items_url(queue__id__exact=obj.queue_id, thread_id=obj.thread_id),
+            )
+            if more
+            else ""
+        )
+        return format_html(
+            '<table id="th-members"><thead><tr><th>#</th><th>item</th><th>status</th>'
+            "<th>scheduledAt</th><th>attempts</th></tr></thead><tbody>{}</tbody></table>{}",
+            body,
+            tail,
+        )

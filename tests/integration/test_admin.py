@@ -1,0 +1,294 @@
+"""The admin: staff only, CSRF-protected, and every change goes through the engine."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
+
+from taskhoster import engine
+from taskhoster.admin import items as item_admin
+from taskhoster.engine import NewItem
+from taskhoster.keys import authenticate, hash_key
+from taskhoster.models import ApiKey, Item, Queue, Thread
+
+pytestmark = pytest.mark.django_db
+
+ITEMS = reverse("admin:taskhoster_item_changelist")
+
+
+@pytest.fixture
+def staff(db: None) -> Client:
+    User.objects.create_user("op", password="pw", is_staff=True, is_superuser=True)
+    client = Client(enforce_csrf_checks=True)
+    client.login(username="op", password="pw")
+    return client
+
+
+def post(queue: str = "q", payload: Any = None, **spec: Any) -> Item:
+    return engine.post_items(queue_name=queue, items=[NewItem(payload=payload, **spec)])[0].row
+
+
+def csrf(client: Client, url: str) -> str:
+    client.get(url)
+    return str(client.cookies["csrftoken"].value)
+
+
+def failed_item(make_queue: Any) -> Item:
+    make_queue("q", maxAttempts=1)
+    item = post(payload={"n": 1})
+    claimed = engine.claim(queue_name="q", max_items=1)[0].row
+    engine.fail(item_id=claimed.id, lease=claimed.lease, error="boom", retry=False)
+    return Item.objects.get(id=item.id)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/admin/",
+        ITEMS,
+        "/admin/taskhoster/queue/",
+        "/admin/taskhoster/thread/",
+        "/admin/taskhoster/apikey/",
+        "/admin/taskhoster/queue/overview/",
+        "/admin/taskhoster/item/delete-matching/",
+    ],
+)
+def test_anonymous_and_non_staff_see_nothing(url: str) -> None:
+    anonymous = Client()
+    response = anonymous.get(url)
+    assert response.status_code == 302
+    assert "/admin/login/" in response["Location"]
+    User.objects.create_user("u", password="pw", is_staff=False)
+    user = Client()
+    user.login(username="u", password="pw")
+    response = user.get(url)
+    assert response.status_code == 302
+    assert "/admin/login/" in response["Location"]
+
+
+def test_item_list_filters_and_search(staff: Client, make_queue: Any) -> None:
+    make_queue("q")
+    a = post(payload=1, key="k-a", thread_id="t1")
+    b = post(payload=2)
+    body = staff.get(ITEMS, {"status__exact": "pending"}).content.decode()
+    assert "item/delete-matching/?status__exact=pending" in body
+    assert a.id in body
+    assert b.id in body
+    assert b.id not in staff.get(ITEMS, {"q": "t1"}).content.decode()
+    assert a.id in staff.get(ITEMS, {"q": "k-a"}).content.decode()
+    assert a.id not in staff.get(ITEMS, {"q": b.id}).content.decode()
+    for params in ({"attempts": "0"}, {"age": "5m"}, {"threaded": "yes"}, {"o": "6"}):
+        assert staff.get(ITEMS, params).status_code == 200
+
+
+def test_item_detail_shows_payload_and_does_not_count_as_a_fetch(
+    staff: Client, make_queue: Any
+) -> None:
+    make_queue("q", retainFrom="fetched")
+    item = post(payload={"hello": "world"})
+    engine.claim(queue_name="q", max_items=1)
+    engine.submit_result(item_id=item.id, result={"answer": 42})
+    body = staff.get(reverse("admin:taskhoster_item_change", args=[item.id])).content.decode()
+    assert "&quot;hello&quot;: &quot;world&quot;" in body
+    assert "&quot;answer&quot;: 42" in body
+    assert Item.objects.get(id=item.id).fetched_at is None
+
+
+def test_dead_letter_links_both_ways(staff: Client, make_queue: Any) -> None:
+    make_queue("dlq")
+    make_queue("q", maxAttempts=1, deadLetterQueue="dlq")
+    item = post(payload=1)
+    claimed = engine.claim(queue_name="q", max_items=1)[0].row
+    engine.fail(item_id=item.id, lease=claimed.lease, error="boom", retry=False)
+    dead = Item.objects.get(id=item.id)
+    assert dead.dead_letter
+    body = staff.get(reverse("admin:taskhoster_item_change", args=[item.id])).content.decode()
+    assert reverse("admin:taskhoster_item_change", args=[dead.dead_letter]) in body
+    body = staff.get(
+        reverse("admin:taskhoster_item_change", args=[dead.dead_letter])
+    ).content.decode()
+    assert reverse("admin:taskhoster_item_change", args=[item.id]) in body
+
+
+def test_actions_need_csrf(staff: Client, make_queue: Any) -> None:
+    make_queue("q")
+    item = post(payload=1)
+    response = staff.post(
+        ITEMS,
+        {"action": "delete_selected_items", "_selected_action": [item.id], "confirm": "yes"},
+    )
+    assert response.status_code == 403
+    assert Item.objects.filter(id=item.id).exists()
+
+
+def test_delete_processing_thread_head_promotes_the_next(staff: Client, make_queue: Any) -> None:
+    make_queue("q")
+    head = post(payload=1, thread_id="t")
+    second = post(payload=2, thread_id="t")
+    assert engine.claim(queue_name="q", max_items=5)[0].row.id == head.id
+    token = csrf(staff, ITEMS)
+    data = {"action": "delete_selected_items", "_selected_action": [head.id]}
+    confirm = staff.post(ITEMS, {**data, "csrfmiddlewaretoken": token})
+    assert confirm.status_code == 200
+    text = confirm.content.decode()
+    assert 'id="th-total">1<' in text
+    assert "processing" in text
+    assert Item.objects.filter(id=head.id).exists()
+    done = staff.post(ITEMS, {**data, "confirm": "yes", "csrfmiddlewaretoken": token})
+    assert done.status_code == 302
+    assert not Item.objects.filter(id=head.id).exists()
+    thread = Thread.objects.get(thread_id="t")
+    assert thread.processing_item is None
+    assert Item.objects.get(id=second.id).eligible
+    assert [c.row.id for c in engine.claim(queue_name="q", max_items=5)] == [second.id]
+
+
+def test_restart_failed_item(staff: Client, make_queue: Any) -> None:
+    item = failed_item(make_queue)
+    pending = post(payload=2)
+    token = csrf(staff, ITEMS)
+    data = {
+        "action": "restart_selected_items",
+        "_selected_action": [item.id, pending.id],
+        "csrfmiddlewaretoken": token,
+    }
+    text = staff.post(ITEMS, data).content.decode()
+    assert 'class="th-count-failed">1<' in text
+    assert 'class="th-count-pending">1<' in text
+    assert staff.post(ITEMS, {**data, "confirm": "yes"}).status_code == 302
+    row = Item.objects.get(id=item.id)
+    assert row.status == "pending"
+    assert row.attempts == 0
+    assert row.error is None
+
+
+def test_delete_matching_filter_in_chunks(
+    staff: Client, make_queue: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_queue("q")
+    make_queue("other")
+    keep = post("other", payload=0)
+    gone = [
+        r.row.id
+        for r in engine.post_items(queue_name="q", items=[NewItem(payload=n) for n in range(7)])
+    ]
+    calls: list[int] = []
+    real = engine.delete_items
+
+    def spy(**kw: Any) -> int:
+        ids = list(kw["item_ids"])
+        calls.append(len(ids))
+        return real(**{**kw, "item_ids": ids})
+
+    monkeypatch.setattr(item_admin, "DELETE_CHUNK", 3)
+    monkeypatch.setattr(item_admin.engine, "delete_items", spy)
+    queue = Queue.objects.get(name="q")
+    url = reverse("admin:taskhoster_item_delete_matching") + f"?queue__id__exact={queue.pk}"
+    token = csrf(staff, url)
+    text = staff.get(url).content.decode()
+    assert 'id="th-total">7<' in text
+    response = staff.post(url, {"confirm": "yes", "csrfmiddlewaretoken": token})
+    assert response.status_code == 302
+    assert calls == [3, 3, 1]
+    assert not Item.objects.filter(id__in=gone).exists()
+    assert Item.objects.filter(id=keep.id).exists()
+
+
+def test_queue_create_and_edit_go_through_the_engine(
+    staff: Client, make_queue: Any, state_root: Any
+) -> None:
+    add = reverse("admin:taskhoster_queue_add")
+    token = csrf(staff, add)
+    fields = {
+        "lease_seconds": "30",
+        "queue_seconds": "600",
+        "retain_seconds": "60",
+        "retain_from": "finished",
+        "max_attempts": "",
+        "backoff_seconds": "1",
+        "backoff_max_seconds": "10",
+        "dead_letter_queue": "",
+        "csrfmiddlewaretoken": token,
+    }
+    response = staff.post(add, {**fields, "name": "emails"})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    queue = Queue.objects.get(name="emails")
+    assert queue.lease_seconds == 30
+    assert (state_root / "emails" / "queue.json").exists()
+    change = reverse("admin:taskhoster_queue_change", args=[queue.pk])
+    bad = staff.post(change, {**fields, "lease_seconds": "0"})
+    assert bad.status_code == 200
+    assert "leaseSeconds must be greater than 0" in bad.content.decode()
+    bad = staff.post(change, {**fields, "dead_letter_queue": "nope"})
+    assert "deadLetterQueue &#x27;nope&#x27; does not exist" in bad.content.decode()
+    bad = staff.post(change, {**fields, "backoff_seconds": "20"})
+    assert "backoffMaxSeconds must be at least backoffSeconds" in bad.content.decode()
+    assert staff.post(change, {**fields, "lease_seconds": "45"}).status_code == 302
+    assert Queue.objects.get(name="emails").lease_seconds == 45
+    assert '"lease_seconds": 45' in (state_root / "emails" / "queue.json").read_text()
+
+
+def test_queue_list_counts_link_to_the_filtered_items(staff: Client, make_queue: Any) -> None:
+    queue = make_queue("q")
+    post(payload=1)
+    post(payload=2)
+    body = staff.get("/admin/taskhoster/queue/").content.decode()
+    assert re.search(r'class="th-count-pending" href="[^"]*status__exact=pending[^"]*">2<', body)
+    assert f"queue__id__exact={queue.pk}" in body
+    overview = staff.get(reverse("admin:taskhoster_overview")).content.decode()
+    assert "<svg" in overview
+    assert 'id="th-queues"' in overview
+    assert "2 posted" in overview
+    assert "Overview" in staff.get("/admin/").content.decode()
+
+
+def test_thread_pages(staff: Client, make_queue: Any) -> None:
+    make_queue("q")
+    a = post(payload=1, thread_id="t")
+    b = post(payload=2, thread_id="t")
+    engine.claim(queue_name="q", max_items=1)
+    body = staff.get("/admin/taskhoster/thread/").content.decode()
+    assert a.id in body
+    thread = Thread.objects.get(thread_id="t")
+    detail = staff.get(reverse("admin:taskhoster_thread_change", args=[thread.pk])).content
+    text = detail.decode()
+    members = text[text.index('id="th-members"') :]
+    assert members.index(a.id) < members.index(b.id)
+
+
+def test_key_created_shown_once_stored_hashed_and_revoked(staff: Client) -> None:
+    add = reverse("admin:taskhoster_apikey_add")
+    token = csrf(staff, add)
+    response = staff.post(
+        add,
+        {
+            "name": "ci",
+            "scope_choices": ["produce", "work"],
+            "queue_names": "a, b",
+            "csrfmiddlewaretoken": token,
+        },
+        follow=True,
+    )
+    text = response.content.decode()
+    secret = re.search(r"th_[A-Za-z0-9_-]{20,}", text)
+    assert secret is not None
+    key = ApiKey.objects.get(name="ci")
+    assert key.key_hash == hash_key(secret.group(0))
+    assert key.scopes == ["produce", "work"]
+    assert key.queues == ["a", "b"]
+    assert secret.group(0) not in staff.get("/admin/taskhoster/apikey/").content.decode()
+    assert (
+        secret.group(0)
+        not in staff.get(reverse("admin:taskhoster_apikey_change", args=[key.pk])).content.decode()
+    )
+    assert authenticate(secret.group(0)) is not None
+    staff.post(
+        "/admin/taskhoster/apikey/",
+        {"action": "revoke_keys", "_selected_action": [key.pk], "csrfmiddlewaretoken": token},
+    )
+    assert authenticate(secret.group(0)) is None
