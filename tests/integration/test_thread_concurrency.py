@@ -89,20 +89,24 @@ def _claim(http):
     return [i["id"] for i in http.post("/api/queues/q/claim", json={"max": 10}).json()["items"]]
 
 
-def test_crash_after_taking_a_threads_turn_before_commit_does_not_block_the_thread(
-    server_factory, make_key, manage
-):
-    key = make_key()
-    headers = {"Authorization": f"Token {key}"}
-    crashing = server_factory(TASKHOSTER_CRASH_AT="claim.after_rename")
+def _crash_a_threaded_claim(server_factory, make_key, point):
+    """Post a thread of three, kill the server at ``point`` of the claim of its head, and
+    start a fresh server: returns (a client for it, the members' ids)."""
+    headers = {"Authorization": f"Token {make_key()}"}
+    crashing = server_factory(TASKHOSTER_CRASH_AT=point)
     with httpx.Client(base_url=crashing.url, headers=headers, timeout=10) as http:
         ids = _post_thread(http)
         with pytest.raises(httpx.HTTPError):
             http.post("/api/queues/q/claim", json={"max": 10})
     crashing.proc.wait(10)
+    return httpx.Client(base_url=server_factory().url, headers=headers, timeout=10), ids
 
-    server = server_factory()
-    with httpx.Client(base_url=server.url, headers=headers, timeout=10) as http:
+
+def test_crash_after_taking_a_threads_turn_before_commit_does_not_block_the_thread(
+    server_factory, make_key
+):
+    http, ids = _crash_a_threaded_claim(server_factory, make_key, "claim.after_rename")
+    with http:
         # No repair needed: the claim never committed, so the head is still the head.
         assert _claim(http) == [ids[0]]
         assert _claim(http) == []  # one member at a time
@@ -113,17 +117,8 @@ def test_crash_after_taking_a_threads_turn_before_commit_does_not_block_the_thre
 def test_crash_after_the_claim_committed_releases_the_thread_after_lease_and_sweep(
     server_factory, make_key, manage
 ):
-    key = make_key()
-    headers = {"Authorization": f"Token {key}"}
-    crashing = server_factory(TASKHOSTER_CRASH_AT="claim.after_commit")
-    with httpx.Client(base_url=crashing.url, headers=headers, timeout=10) as http:
-        ids = _post_thread(http)
-        with pytest.raises(httpx.HTTPError):
-            http.post("/api/queues/q/claim", json={"max": 10})
-    crashing.proc.wait(10)
-
-    server = server_factory()
-    with httpx.Client(base_url=server.url, headers=headers, timeout=10) as http:
+    http, ids = _crash_a_threaded_claim(server_factory, make_key, "claim.after_commit")
+    with http:
         assert _claim(http) == []  # the head is processing under the lost claim: no one else
         time.sleep(1.2)  # past the 1 s lease
         assert "1 lapsed lease(s) re-queued" in manage("sweep").stdout
