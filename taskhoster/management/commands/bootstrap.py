@@ -16,6 +16,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 
+from ...conf import get_conf
 from ...keys import create_key
 
 
@@ -26,6 +27,7 @@ class Command(BaseCommand):
         parser.add_argument("--file", default=None, help="where to save the credentials")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        get_conf().root.mkdir(parents=True, exist_ok=True)  # /healthz reports it from the start
         path = Path(options["file"] or Path(settings.VAR_DIR) / "credentials.json")
         user_model = get_user_model()
         if path.exists() and user_model.objects.filter(username="admin").exists():
