@@ -800,6 +800,18 @@ def _parse_frame(text: str) -> Frame:
     return match["func"], match["file"], int(match["line"] or 0)
 
 
+def collapsed_stacks(path: Path) -> Iterator[tuple[str, list[Frame], int]]:
+    """(thread, frames from the root, samples) for each line of a py-spy collapsed file."""
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        thread, *rest = stack.split(";")
+        frames = [_parse_frame(f) for f in rest]
+        if frames:
+            yield thread, frames, int(count_text)
+
+
 def _short(path: str) -> str:
     for marker in ("site-packages/", "lib/python3.11/", "lib/python3"):
         if marker in path:
@@ -826,15 +838,7 @@ def summarize_profile(path: Path, rate: int, ops: int, what: str) -> dict[str, A
     probe_hits: Counter[str] = Counter()
     functions: Counter[str] = Counter()
     leaves: Counter[str] = Counter()
-    for line in path.read_text().splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        thread, *rest = stack.split(";")
-        frames = [_parse_frame(f) for f in rest]
-        if not frames:
-            continue
+    for thread, frames, count in collapsed_stacks(path):
         leaf = frames[-1]
         leaf_key = f"{leaf[0]} ({_short(leaf[1])}:{leaf[2]})"
         if thread.endswith("MainThread"):

@@ -63,8 +63,8 @@ from bench.core import (
     Environment,
     Profiler,
     _interrupt,
-    _parse_frame,
     _short,
+    collapsed_stacks,
     destroy_environment,
     expect,
     filesystem_of,
@@ -499,15 +499,7 @@ def summarize_reactor(path: Path, rate: int, items: int) -> dict[str, Any]:
     busy: Counter[str] = Counter()
     if not path.exists():
         return {}
-    for line in path.read_text().splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        thread, *rest = stack.split(";")
-        frames = [_parse_frame(f) for f in rest]
-        if not frames:
-            continue
+    for thread, frames, count in collapsed_stacks(path):
         group = "main" if thread.endswith("MainThread") else "other"
         if group == "other" and not any(m in f for _, f, _ in frames for m in APP_FILES):
             continue  # an idle executor thread

@@ -8,7 +8,7 @@ answers only after both.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -27,6 +27,7 @@ from .common import (
     read_record,
     record_from_row,
     rewrite,
+    seconds,
     settle_thread,
     store,
 )
@@ -94,11 +95,11 @@ def _post_once(queue: Queue, items: list[NewItem]) -> list[Posted]:
     rows: list[Item] = []
     payloads: dict[str, Any] = {}
     by_key: dict[str, Item] = {}
-    horizon = at + _seconds(queue.queue_seconds)
+    horizon = at + seconds(queue.queue_seconds)
     for item_id, spec in zip(ids, unique_fresh, strict=True):
         scheduled = spec.scheduled_at or at
         if spec.delay_seconds is not None:
-            scheduled = at + _seconds(spec.delay_seconds)
+            scheduled = at + seconds(spec.delay_seconds)
         if scheduled > horizon:
             raise InvalidInput(
                 "scheduledAt is beyond the queue timeout: the item would time out before it "
@@ -164,10 +165,6 @@ def _payload_of(queue_name: str, row: Item) -> Any:
         return read_record(queue_name, row)[1].get("payload")
     except Exception:
         return None
-
-
-def _seconds(value: float) -> timedelta:
-    return timedelta(seconds=value)
 
 
 def restart(*, item_id: str) -> Item:
