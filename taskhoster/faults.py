@@ -1,14 +1,20 @@
-"""Crash points for fault-injection tests.
+"""Crash points and injected faults, for tests that prove recovery.
 
 ``crash_point("claim.after_rename")`` kills this process with SIGKILL when the environment
 variable ``TASKHOSTER_CRASH_AT`` names that point, so tests can prove recovery from a crash
-between two writes. Unset (always, in production) it costs one dictionary lookup.
+between two writes.
+
+``fault("socket.result")`` is true when ``TASKHOSTER_FAULT`` names that fault: a
+comma-separated list of names, each optionally ``=N`` to fire only the first N times in this
+process, or ``@K`` to fire only the K-th time. The caller decides what the fault does (raise,
+close the socket first, ...). Unset (always, in production) each costs one dictionary lookup.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 
 CRASH_POINTS = (
     "post.after_files",
@@ -21,6 +27,38 @@ CRASH_POINTS = (
 )
 
 
+class InjectedFault(RuntimeError):
+    """An exception raised on purpose by a test's fault injection."""
+
+
 def crash_point(name: str) -> None:
     if os.environ.get("TASKHOSTER_CRASH_AT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+_fired: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+def fault(name: str) -> bool:
+    """True when ``TASKHOSTER_FAULT`` arms ``name`` (and its count is not used up)."""
+    spec = os.environ.get("TASKHOSTER_FAULT")
+    if not spec:
+        return False
+    for entry in spec.split(","):
+        armed, _, times = entry.strip().partition("=")
+        armed, _, only = armed.partition("@")
+        if armed != name:
+            continue
+        with _lock:
+            hits = _fired.get(name, 0) + 1
+            _fired[name] = hits
+        if only:
+            return hits == int(only)
+        return not times or hits <= int(times)
+    return False
+
+
+def raise_if_armed(name: str) -> None:
+    if fault(name):
+        raise InjectedFault(f"injected fault {name}")

@@ -1,8 +1,13 @@
-"""Counters for ``/metrics``, shared across server processes through the database.
+"""Counters and gauges for ``/metrics``, shared across server processes through the database.
 
 Each process counts in memory and adds its counts to its own ``Counter`` rows at most once a
 second, so counting never makes two processes contend for one row. ``render()`` sums the rows
 of all processes and adds live item counts from the index.
+
+Gauges (a process's open sockets, the items it believes its sockets hold) are rows of the
+same table named ``gauge:<name>``, replaced by their process while it runs and shown per
+process; a row its process stopped refreshing for ``GAUGE_TTL`` seconds (the process is gone)
+is left out, so whichever process answers ``/metrics`` shows the same live picture.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from django.db.models import Count, F, Sum
 PROCESS = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 FLUSH_INTERVAL = 1.0
+GAUGE_PREFIX = "gauge:"
+GAUGE_TTL = 15.0
 
 _lock = threading.Lock()
 _pending: dict[tuple[str, str], float] = defaultdict(float)
@@ -81,6 +88,28 @@ def maybe_flush(force: bool = False) -> None:
         raise
 
 
+def publish_gauges(values: dict[tuple[str, str], float]) -> None:
+    """Replace this process's gauges: ``{(queue or "", name): value}``."""
+    from django.utils import timezone
+
+    from .models import Counter
+
+    at = timezone.now()
+    with transaction.atomic():
+        stale = Counter.objects.filter(process=PROCESS, name__startswith=GAUGE_PREFIX)
+        for row in stale.values_list("queue", "name"):
+            if (row[0], row[1].removeprefix(GAUGE_PREFIX)) not in values:
+                Counter.objects.filter(process=PROCESS, queue=row[0], name=row[1]).delete()
+        for (queue, name), value in values.items():
+            updated = Counter.objects.filter(
+                process=PROCESS, queue=queue, name=GAUGE_PREFIX + name
+            ).update(value=value, updated_at=at)
+            if not updated:
+                Counter.objects.create(
+                    process=PROCESS, queue=queue, name=GAUGE_PREFIX + name, value=value
+                )
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -103,7 +132,9 @@ def render() -> str:
             lines.append(f'taskhoster_items{{queue="{_escape(queue)}",status="{status}"}} {n}')
     totals = {
         (row["queue"], row["name"]): row["total"]
-        for row in Counter.objects.values("queue", "name").annotate(total=Sum("value"))
+        for row in Counter.objects.exclude(name__startswith=GAUGE_PREFIX)
+        .values("queue", "name")
+        .annotate(total=Sum("value"))
     }
     queues = sorted({q for q, _ in totals})
     for name, help_text in COUNTER_HELP.items():
@@ -128,4 +159,35 @@ def render() -> str:
             f"{totals.get((queue, 'latency_sum'), 0):g}"
         )
         lines.append(f'taskhoster_post_to_claim_seconds_count{{queue="{q}"}} {total:g}')
+    lines.extend(_render_gauges())
     return "\n".join(lines) + "\n"
+
+
+GAUGE_HELP = {
+    "sockets_open": "Open /work sockets, per server process.",
+    "socket_held_items": "Items a server process believes its /work sockets hold, per queue.",
+}
+
+
+def _render_gauges() -> list[str]:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from .models import Counter
+
+    fresh = timezone.now() - timedelta(seconds=GAUGE_TTL)
+    rows = Counter.objects.filter(name__startswith=GAUGE_PREFIX, updated_at__gte=fresh)
+    by_name: dict[str, list[tuple[str, str, float]]] = defaultdict(list)
+    for process, queue, name, value in rows.values_list("process", "queue", "name", "value"):
+        by_name[name.removeprefix(GAUGE_PREFIX)].append((process, queue, value))
+    lines: list[str] = []
+    for name, help_text in GAUGE_HELP.items():
+        lines.append(f"# HELP taskhoster_{name} {help_text}")
+        lines.append(f"# TYPE taskhoster_{name} gauge")
+        for process, queue, value in sorted(by_name.get(name, [])):
+            labels = f'process="{_escape(process)}"'
+            if queue:
+                labels += f',queue="{_escape(queue)}"'
+            lines.append(f"taskhoster_{name}{{{labels}}} {value:g}")
+    return lines

@@ -184,6 +184,45 @@ def requeue_held(*, item_id: str, lease: str, cause: str = WORKER_DISCONNECTED) 
         return Verdict(True, row.status, row)
 
 
+def release_unsent(*, item_id: str, lease: str) -> Verdict:
+    """Undo a claim whose item never reached its worker (the push to a socket that had gone).
+
+    Back to ``pending`` as if it had never been claimed: the claim's attempt is taken back,
+    ``scheduledAt`` and ``error`` stay, and it counts toward nothing. The claim only renamed
+    the file, so renaming it back restores the record. Not flushed, like a claim: a power
+    cut may leave it in ``processing/``, from where ``repair`` and the sweep re-queue it.
+    """
+    with transaction.atomic():
+        locked = lock_item(item_id)
+        if locked is None:
+            return Verdict(False, None)
+        row = locked.row
+        if row.status != Status.PROCESSING or row.lease != lease:
+            return Verdict(False, row.status, row)
+        try:
+            store().move(locked.queue.name, row.id, State.PROCESSING, State.PENDING)
+        except FileMissing:
+            try:
+                _read_or_forget(locked)  # finishes a half-done delete
+            except ItemNotFound:
+                return Verdict(False, None)
+        row.status = Status.PENDING
+        row.eligible = locked.thread is None
+        row.attempts = max(0, row.attempts - 1)
+        row.lease = None
+        row.lease_expires_at = None
+        row.claimed_at = None
+        row.updated_at = utcnow()
+        row.save()
+        if locked.thread is not None:
+            if locked.thread.processing_item == row.id:
+                locked.thread.processing_item = None
+            settle_thread(locked.thread, locked.queue.name)
+        else:
+            announce_claimable(locked.queue.name)
+        return Verdict(True, row.status, row)
+
+
 def requeue_if_lapsed(*, item_id: str, at: datetime) -> bool:
     """Rule 6, lease lapse (the sweep): re-queue, or die if attempts are used up."""
     with transaction.atomic():

@@ -2,23 +2,31 @@
 
 It authenticates by the ``Authorization: Token`` header (the work scope; queue limits apply),
 keeps what the socket holds (item id -> lease), and leaves the pushing to the process's
-dispatcher. A bad frame gets an ``error`` frame and changes nothing; closing the socket, in
-any way, re-queues at once everything it still holds.
+dispatcher. A bad frame gets an ``error`` frame and changes nothing.
+
+However a socket ends (a clean close, a dropped connection, the server closing it, an
+exception in a frame handler, a send that fails), it is marked ``closed`` at once, so the
+dispatcher deals it nothing more and nothing more is sent on it; the frames the worker sent
+before it closed are still applied in order (its last results count); then ``_end`` runs
+exactly once and re-queues everything the socket still holds. A send never raises out of
+the consumer: a socket that cannot be written to is treated as gone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from .. import engine
 from ..conf import get_conf
 from ..errors import InvalidInput, ItemNotFound, TaskhosterError, TooLarge
+from ..faults import fault, raise_if_armed
 from ..ids import is_valid_id
 from ..keys import Principal, authenticate, parse_authorization
 from ..models import Queue
@@ -28,6 +36,9 @@ from .dispatcher import Dispatcher, get_dispatcher, run_sync
 
 log = logging.getLogger(__name__)
 
+# 1011 is the protocol's own code for a server error, but the ASGI server may only send 1000 or
+# 3000-4999; like 4401 and 4403 mirror HTTP statuses, 4500 mirrors 500.
+CLOSE_SERVER_ERROR = 4500
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_ABUSE = 4429
@@ -41,6 +52,13 @@ FIELDS = {
     "fail": ({"type", "id"}, {"type", "id", "error", "retry"}),
     "extend": ({"type", "id"}, {"type", "id", "seconds"}),
 }
+
+
+class Held(NamedTuple):
+    """An item this socket holds: the lease it was pushed with, and its queue."""
+
+    lease: str
+    queue: str
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
@@ -58,19 +76,62 @@ class WorkConsumer(AsyncWebsocketConsumer):
     # blocking Redis read, which redis-py 8 times out under channels-redis, closing the socket.
     channel_layer_alias = "taskhoster-work-sockets-use-no-layer"
 
-    async def connect(self) -> None:
+    def _reset(self) -> None:
         self.queues: list[str] = []
         self.capacity = 0
-        self.held: dict[str, str] = {}
+        self.held: dict[str, Held] = {}
         self.reserved = 0
         self.last_served = 0.0
         self.closed = False
         self.principal: Principal | None = None
         self.dispatcher: Dispatcher | None = None
         self.errors: list[float] = []
+        self.ending: asyncio.Future[None] | None = None
         # Items this socket was told to cancel: a result for one of them is acked
         # accepted: false (rule 9), not answered with an error for an unknown id.
         self.cancelled: deque[str] = deque(maxlen=1000)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Run the consumer; whatever ends it, ``_end`` runs once before it returns.
+
+        A reader task takes the server's messages as they come, so a disconnect is seen at
+        once, even while a frame handler is still waiting for the engine; the consumer's
+        own loop takes them from ``inbox`` in order.
+        """
+        self._reset()
+        self.dispatcher = get_dispatcher()
+        self.dispatcher.socket_opened(self)
+        inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        reader = asyncio.ensure_future(self._read(receive, inbox))
+        try:
+            await super().__call__(scope, inbox.get, send)
+        except Exception:
+            log.exception("the /work consumer failed; closing its socket")
+            await self._close(CLOSE_SERVER_ERROR)
+        finally:
+            reader.cancel()
+            await asyncio.shield(self._end())
+
+    async def _read(self, receive: Any, inbox: asyncio.Queue[dict[str, Any]]) -> None:
+        while True:
+            message = await receive()
+            if message.get("type") == "websocket.disconnect":
+                # Gone now, not when the consumer's loop reaches the message: nothing more is
+                # dealt to it. Its frames ahead in ``inbox`` are still applied, then ``_end``.
+                self._gone()
+                inbox.put_nowait(message)
+                return
+            inbox.put_nowait(message)
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # channels closes stale database connections before every message; the engine's
+        # calls run on the dispatcher's threads, which look after their own.
+        handler = getattr(self, message["type"].replace(".", "_"), None)
+        if handler is None:
+            raise ValueError(f"no handler for message type {message['type']}")
+        await handler(message)
+
+    async def connect(self) -> None:
         secret = parse_authorization(_header(self.scope, b"authorization"))
         principal = await run_sync(authenticate, secret) if secret else None
         await self.accept()
@@ -87,21 +148,37 @@ class WorkConsumer(AsyncWebsocketConsumer):
         self.principal = principal
 
     async def _refuse(self, code: int, error: str, message: str) -> None:
-        self.closed = True
         await self._error(error, message)
-        await self.close(code=code)
+        await self._close(code)
 
     async def disconnect(self, code: int) -> None:
-        self.closed = True
-        if self.dispatcher is not None:
-            self.dispatcher.unregister(self)
+        await self._end()
+
+    def _gone(self) -> None:
+        """The socket cannot take more: deal it nothing more, send nothing more on it."""
+        if not self.closed:
+            self.closed = True
+            if self.dispatcher is not None:
+                self.dispatcher.socket_closed(self)
+
+    def _end(self) -> asyncio.Future[None]:
+        """End this socket, once: it is gone, and everything it still holds is re-queued.
+
+        Safe to call any number of times; every call returns the same future.
+        """
+        if self.ending is None:
+            self._gone()
+            self.ending = asyncio.ensure_future(self._requeue_held())
+        return self.ending
+
+    async def _requeue_held(self) -> None:
         held, self.held = self.held, {}
-        for item_id, lease in held.items():
+        for item_id, holding in held.items():
             try:
                 await run_sync(
                     engine.requeue_held,
                     item_id=item_id,
-                    lease=lease,
+                    lease=holding.lease,
                     cause=engine.WORKER_DISCONNECTED,
                 )
             except Exception:
@@ -110,7 +187,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
     # -- frames in -------------------------------------------------------------------------
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if self.principal is None or self.closed:
+        if self.principal is None or self.ending is not None:
             return
         message: dict[str, Any] = {}
         try:
@@ -119,8 +196,16 @@ class WorkConsumer(AsyncWebsocketConsumer):
             await getattr(self, f"_on_{kind}")(message)
         except TaskhosterError as exc:
             # An error answers its frame in the ack's place; it names the item when it can.
-            item_id = message.get("id") if isinstance(message, dict) else None
-            await self._error(exc.code, exc.message, item_id=item_id)
+            await self._error(exc.code, exc.message, item_id=message.get("id"))
+        except Exception:
+            item_id = message.get("id")
+            log.exception(
+                "socket frame %r for item %s failed; closing the socket",
+                message.get("type"),
+                item_id,
+            )
+            await self._error("internal", "the server could not handle this frame", item_id=item_id)
+            await self._close(CLOSE_SERVER_ERROR)
 
     def _parse(self, text_data: str | None, bytes_data: bytes | None) -> dict[str, Any]:
         if text_data is None:
@@ -173,15 +258,15 @@ class WorkConsumer(AsyncWebsocketConsumer):
             raise InvalidInput(f"this key may not use {', '.join(refused)}", code="forbidden")
         unique = list(dict.fromkeys(queues))
         existing = set(await run_sync(_live_queue_names, unique))
+        raise_if_armed("socket.subscribe")
         missing = [q for q in unique if q not in existing]
         if missing:
             raise InvalidInput(f"no such queue: {', '.join(missing)}", code="queue_not_found")
+        if self.closed:
+            return
         self.queues, self.capacity = unique, capacity
-        if self.dispatcher is None:
-            self.dispatcher = get_dispatcher()
-            self.dispatcher.register(self)
-        else:
-            self.dispatcher.wake_worker(self)
+        assert self.dispatcher is not None
+        self.dispatcher.register(self)
 
     async def _on_result(self, message: dict[str, Any]) -> None:
         item_id = message["id"]
@@ -199,6 +284,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
             return
         finally:
             self._slot_freed()
+        raise_if_armed("socket.result")
         await self._send(
             {"type": "ack", "id": item_id, "accepted": verdict.accepted, "status": verdict.status}
         )
@@ -212,19 +298,17 @@ class WorkConsumer(AsyncWebsocketConsumer):
             )
         if not isinstance(retry, bool):
             raise InvalidInput("retry must be true or false", code="invalid_retry")
-        lease = self.held.get(item_id)
-        if lease is None:
+        holding = self.held.pop(item_id, None)
+        if holding is None:
             await self._send({"type": "ack", "id": item_id, "accepted": False})
             return
-        self.held.pop(item_id, None)
         try:
             verdict = await run_sync(
-                engine.fail, item_id=item_id, lease=lease, error=error, retry=retry
+                engine.fail, item_id=item_id, lease=holding.lease, error=error, retry=retry
             )
-        except ItemNotFound:
+        finally:
             self._slot_freed()
-            raise
-        self._slot_freed()
+        raise_if_armed("socket.fail")
         await self._send(
             {"type": "ack", "id": item_id, "accepted": verdict.accepted, "status": verdict.status}
         )
@@ -235,14 +319,17 @@ class WorkConsumer(AsyncWebsocketConsumer):
             isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0
         ):
             raise InvalidInput("seconds must be a positive number", code="invalid_seconds")
-        lease = self.held.get(item_id)
-        if lease is None:
+        holding = self.held.get(item_id)
+        if holding is None:
             await self._send({"type": "ack", "id": item_id, "accepted": False})
             return
-        accepted, row = await run_sync(engine.extend, item_id=item_id, lease=lease, seconds=seconds)
-        if not accepted:
-            self.held.pop(item_id, None)  # the lease lapsed and was re-queued: not ours now
+        accepted, row = await run_sync(
+            engine.extend, item_id=item_id, lease=holding.lease, seconds=seconds
+        )
+        if not accepted and self.held.get(item_id) == holding:
+            del self.held[item_id]  # the lease lapsed and was re-queued: not ours now
             self._slot_freed()
+        raise_if_armed("socket.extend")
         await self._send(
             {
                 "type": "ack",
@@ -253,58 +340,80 @@ class WorkConsumer(AsyncWebsocketConsumer):
         )
 
     def _slot_freed(self) -> None:
-        if self.dispatcher is not None:
+        if self.dispatcher is not None and not self.closed:
             self.dispatcher.wake_worker(self)
 
     # -- frames out ------------------------------------------------------------------------
 
     async def deliver(self, claimed: engine.Claimed) -> bool:
-        """Push a claimed item; False if this socket can no longer take it."""
+        """Push a claimed item; False if it did not go out (the socket is gone): the caller
+        then gives the item back without counting the attempt."""
         row = claimed.row
         if self.closed or row.lease is None:
             return False
-        self.held[row.id] = row.lease
-        try:
-            await self._send(
-                {
-                    "type": "item",
-                    "id": row.id,
-                    "queue": self.queue_name_of(claimed),
-                    "payload": claimed.payload,
-                    "attempts": row.attempts,
-                    "threadId": row.thread_id,
-                    "scheduledAt": to_wire(row.scheduled_at),
-                    "leaseExpiresAt": to_wire(row.lease_expires_at),
-                    "lease": row.lease,
-                }
-            )
-        except Exception:
+        queue = row.queue.name
+        self.held[row.id] = Held(row.lease, queue)
+        sent = await self._send(
+            {
+                "type": "item",
+                "id": row.id,
+                "queue": queue,
+                "payload": claimed.payload,
+                "attempts": row.attempts,
+                "threadId": row.thread_id,
+                "scheduledAt": to_wire(row.scheduled_at),
+                "leaseExpiresAt": to_wire(row.lease_expires_at),
+                "lease": row.lease,
+            }
+        )
+        if not sent:
             self.held.pop(row.id, None)
-            return False
-        return True
-
-    @staticmethod
-    def queue_name_of(claimed: engine.Claimed) -> str:
-        return claimed.row.queue.name
+        return sent
 
     async def cancel(self, item_id: str, reason: str) -> None:
         self.cancelled.append(item_id)
-        if not self.closed:
-            await self._send({"type": "cancel", "id": item_id, "reason": reason})
+        await self._send({"type": "cancel", "id": item_id, "reason": reason})
 
-    async def _error(self, code: str, message: str, *, item_id: str | None = None) -> None:
+    async def _error(self, code: str, message: str, *, item_id: Any = None) -> None:
         frame = {"type": "error", "code": code, "message": message}
-        if item_id is not None and is_valid_id(item_id):
+        if is_valid_id(item_id):
             frame["id"] = item_id
         await self._send(frame)
         now = time.monotonic()
         self.errors = [t for t in self.errors if now - t < ABUSE_WINDOW_SECONDS] + [now]
-        if len(self.errors) > ABUSE_ERRORS and not self.closed:
-            self.closed = True
-            await self.close(code=CLOSE_ABUSE)
+        if len(self.errors) > ABUSE_ERRORS:
+            await self._close(CLOSE_ABUSE)
 
-    async def _send(self, frame: dict[str, Any]) -> None:
-        await self.send(text_data=json.dumps(frame, separators=(",", ":")))
+    async def _send(self, frame: dict[str, Any]) -> bool:
+        """Send one frame; False (and the socket ended) if it could not be sent.
+
+        A worker that closes while the server answers one of its frames makes the send fail
+        inside the closing handshake; that must end the socket, never the consumer.
+        """
+        if self.closed:
+            return False
+        try:
+            if fault(f"socket.send.{frame['type']}"):
+                # Start the closing handshake first: the send below then fails as it does
+                # when a worker closes while the server is answering it.
+                await self.base_send({"type": "websocket.close", "code": 1000})
+            await self.send(text_data=json.dumps(frame, separators=(",", ":")))
+        except Exception as exc:
+            # The closing handshake has begun (or the transport failed): its disconnect
+            # follows and ends the socket; until then it takes nothing more.
+            log.info("a %s frame could not be sent (%s); the socket is gone", frame["type"], exc)
+            self._gone()
+            return False
+        return True
+
+    async def _close(self, code: int) -> None:
+        """Close the socket (if it is not closing already); its disconnect then ends it."""
+        if not self.closed:
+            self._gone()
+            try:
+                await self.close(code=code)
+            except Exception as exc:
+                log.warning("could not close a socket cleanly: %s", exc)
 
 
 def _live_queue_names(names: list[str]) -> list[str]:

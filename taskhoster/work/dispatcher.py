@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -24,7 +26,7 @@ from typing import Any, Protocol, TypeVar
 
 from django.db import close_old_connections
 
-from .. import bus, engine, events
+from .. import bus, engine, events, metrics
 from ..conf import get_conf
 from ..errors import QueueNotFound
 from ..models import Item
@@ -32,6 +34,9 @@ from ..models import Item
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_CLAIM = 100
+
+GAUGE_INTERVAL = 1.0
+GAUGE_HEARTBEAT = 5.0
 
 _executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="taskhoster-db")
 
@@ -54,7 +59,7 @@ class Worker(Protocol):
 
     queues: list[str]
     capacity: int
-    held: dict[str, str]
+    held: dict[str, Any]
     reserved: int
     last_served: float
     closed: bool
@@ -67,18 +72,22 @@ class Worker(Protocol):
 class Dispatcher:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        # Every open socket of the process (for /metrics); ``workers`` are those subscribed.
+        self.sockets: weakref.WeakSet[Any] = weakref.WeakSet()
         self.workers: set[Worker] = set()
         self.pumping: set[str] = set()
         self.dirty: set[str] = set()
         self.timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
         self.listener = bus.Listener(self._news)
         self.backstop: asyncio.Task[None] | None = None
+        self.reporter: asyncio.Task[None] | None = None
         self.tick = 0.0
 
     def start(self) -> None:
         events.subscribe(self._local_news)
         self.listener.start(self.loop)
         self.backstop = self.loop.create_task(self._backstop())
+        self.reporter = self.loop.create_task(self._report())
 
     # -- news ------------------------------------------------------------------------------
 
@@ -100,7 +109,16 @@ class Dispatcher:
 
     # -- registration ----------------------------------------------------------------------
 
+    def socket_opened(self, socket: Any) -> None:
+        self.sockets.add(socket)
+
+    def socket_closed(self, socket: Any) -> None:
+        self.sockets.discard(socket)
+        self.unregister(socket)
+
     def register(self, worker: Worker) -> None:
+        if worker.closed:
+            return
         self.workers.add(worker)
         self.wake_worker(worker)
 
@@ -175,13 +193,14 @@ class Dispatcher:
                     if placed:
                         break
             if not placed:
-                lease = item.row.lease or ""
-                await run_sync(
-                    engine.requeue_held,
-                    item_id=item.row.id,
-                    lease=lease,
-                    cause=engine.WORKER_DISCONNECTED,
-                )
+                # No socket took it (they closed meanwhile): it never reached a worker, so it
+                # goes back without costing it an attempt.
+                try:
+                    await run_sync(
+                        engine.release_unsent, item_id=item.row.id, lease=item.row.lease or ""
+                    )
+                except Exception:
+                    log.exception("could not give back %s, which no socket took", item.row.id)
 
     # -- delayed items and the backstop ----------------------------------------------------
 
@@ -211,8 +230,36 @@ class Dispatcher:
             for queue in queues:
                 self.wake(queue)
 
+    # -- gauges for /metrics -------------------------------------------------------------
+
+    def gauges(self) -> dict[tuple[str, str], float]:
+        """This process's open sockets, and per queue the items it believes they hold."""
+        values: dict[tuple[str, str], float] = {("", "sockets_open"): float(len(self.sockets))}
+        for socket in list(self.sockets):
+            for holding in list(socket.held.values()):
+                key = (holding.queue, "socket_held_items")
+                values[key] = values.get(key, 0.0) + 1
+        return values
+
+    async def _report(self) -> None:
+        last: dict[tuple[str, str], float] | None = None
+        published = 0.0
+        while True:
+            await asyncio.sleep(GAUGE_INTERVAL)
+            values = self.gauges()
+            if values == last and time.monotonic() - published < GAUGE_HEARTBEAT:
+                continue
+            try:
+                await run_sync(metrics.publish_gauges, values)
+            except Exception as exc:
+                log.warning("could not publish socket gauges: %s", exc)
+                continue
+            last, published = values, time.monotonic()
+
     def stop(self) -> None:
         events.unsubscribe(self._local_news)
+        if self.reporter is not None:
+            self.reporter.cancel()
         if self.backstop is not None:
             self.backstop.cancel()
         for _at, handle in self.timers.values():

@@ -228,3 +228,27 @@ def test_post_racing_the_last_member_leaving_still_joins_a_live_thread(make_queu
     assert thread is not None
     assert thread.member_count == 1
     assert claimed_ids() == [posted["b"]]
+
+
+def test_an_unsent_claim_given_back_costs_no_attempt_and_keeps_the_head(make_queue, state_root):
+    make_queue("q", maxAttempts=1)
+    head = post(thread_id="t")
+    second = post(thread_id="t")
+    claimed = claim_one()
+    assert claimed.id == head.id
+    given_back = engine.release_unsent(item_id=head.id, lease=claimed.lease or "")
+    assert given_back.accepted
+    back = row(head.id)
+    assert (back.status, back.attempts, back.error, back.lease) == ("pending", 0, None, None)
+    assert (state_root / "q" / "pending" / f"{head.id}.json").exists()
+    # still the thread's head, and claimable again (maxAttempts 1 was not used up)
+    assert claimed_ids() == [head.id]
+    assert row(second.id).eligible is False
+
+
+def test_giving_back_needs_the_current_lease(make_queue):
+    make_queue("q")
+    item = post()
+    claim_one()
+    assert engine.release_unsent(item_id=item.id, lease="not-the-lease").accepted is False
+    assert row(item.id).status == "processing"
