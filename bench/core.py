@@ -354,16 +354,11 @@ def settle_disk() -> float:
 
 
 def drop_items(ids: list[str]) -> None:
-    """Remove unthreaded items outright (rows and files); only while nothing else uses them."""
-    from taskhoster.engine.common import store
-    from taskhoster.models import Item
+    """Delete items (rows, files and counts) through the engine, a chunk at a time."""
+    from taskhoster import engine
 
-    st = store()
-    for start in range(0, len(ids), 500):
-        chunk = ids[start : start + 500]
-        Item.objects.filter(id__in=chunk).delete()
-        for item_id in chunk:
-            st.unlink(QUEUE, item_id)
+    for start in range(0, len(ids), 2000):
+        engine.delete_items(item_ids=ids[start : start + 2000])
 
 
 def drop_posted_since(marker: str) -> int:
@@ -396,20 +391,19 @@ def analyze_database() -> None:
 
 
 def claim_plan() -> str:
-    """How the database runs the claim query (the one in engine.claiming), on one line."""
-    from django.db import transaction
+    """How the database runs the claim query (``engine.rows.claim_query``), on one line."""
+    from django.db import connection, transaction
     from django.utils import timezone
 
-    from taskhoster.models import Item, Queue
+    from taskhoster.engine.rows import claim_query
+    from taskhoster.models import Queue
 
-    queue = Queue.objects.get(name=QUEUE)
-    with transaction.atomic():
-        qs = (
-            Item.objects.select_for_update(skip_locked=True)
-            .filter(queue=queue, eligible=True, scheduled_at__lte=timezone.now())
-            .order_by("scheduled_at", "seq")[:1]
-        )
-        plan = qs.explain()
+    queue = Queue.objects.get(name=QUEUE, deleting=False)
+    query, params = claim_query(queue.id, timezone.now(), 1)
+    prefix = "EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN "
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(prefix + query, params)
+        plan = "\n".join(" ".join(str(v) for v in row) for row in cursor.fetchall())
     return " | ".join(line.strip() for line in plan.splitlines() if line.strip())
 
 

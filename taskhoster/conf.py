@@ -15,6 +15,9 @@ from django.conf import settings
 DEFAULTS: dict[str, Any] = {
     "ROOT": "var/state",
     "FSYNC": True,
+    # How a group's files are made durable: "syncfs" (one call for the whole filesystem,
+    # Linux) or "fsync" (each written file and each touched directory).
+    "FLUSH": "syncfs",
     "MAX_PAYLOAD_BYTES": 1024 * 1024,
     "MAX_BATCH": 1000,
     "MAX_WAIT_SECONDS": 60,
@@ -34,6 +37,7 @@ DEFAULTS: dict[str, Any] = {
 class Conf:
     root: Path
     fsync: bool
+    flush: str
     max_payload_bytes: int
     max_batch: int
     max_wait_seconds: float
@@ -54,6 +58,7 @@ def get_conf() -> Conf:
     return Conf(
         root=Path(merged["ROOT"]),
         fsync=bool(merged["FSYNC"]),
+        flush=str(merged["FLUSH"]),
         max_payload_bytes=int(merged["MAX_PAYLOAD_BYTES"]),
         max_batch=int(merged["MAX_BATCH"]),
         max_wait_seconds=float(merged["MAX_WAIT_SECONDS"]),

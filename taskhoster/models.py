@@ -26,7 +26,9 @@ QUEUE_DEFAULTS = {
 class Queue(models.Model):
     """A named stream of items and its settings (SPEC section 2)."""
 
-    name = models.CharField(max_length=64, unique=True)
+    # Unique among live queues only: a deleted queue's row stays (``deleting``) while its items
+    # are reclaimed, and its name is free again at once.
+    name = models.CharField(max_length=64)
     lease_seconds = models.FloatField(
         default=60.0, help_text="How long a claim lasts unless extended."
     )
@@ -65,6 +67,11 @@ class Queue(models.Model):
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["name"], condition=Q(deleting=False), name="queue_live_name_unique"
+            )
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -92,7 +99,8 @@ class Item(models.Model):
     """The index row of one item. Its payload and result live only in its file."""
 
     id = models.CharField(max_length=64, primary_key=True)
-    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="items")
+    # No index of its own: ``item_by_queue`` (queue, id) serves every lookup by queue.
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="items", db_index=False)
     status = models.CharField(max_length=16, choices=Status.choices(), default=Status.PENDING)
     # True exactly when the item may be claimed as soon as it is due: pending, and either
     # unthreaded or the head of a thread with no member processing.
@@ -161,6 +169,30 @@ class Item(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class QueueCount(models.Model):
+    """Items per queue and status, kept by every group commit in the same transaction as the
+    rows it changes, so counts cost the same with a thousand items or a million.
+
+    Each process adds to its own ``shard`` (of ``COUNT_SHARDS``), so concurrent processes do
+    not queue behind one row; a count is the sum over the shards. ``repair`` recounts.
+    """
+
+    queue = models.ForeignKey(
+        Queue, on_delete=models.CASCADE, related_name="counts", db_index=False
+    )
+    status = models.CharField(max_length=16, choices=Status.choices())
+    shard = models.PositiveSmallIntegerField(default=0)
+    n = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "status", "shard"], name="queuecount_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_id}:{self.status}#{self.shard}={self.n}"
 
 
 class ApiKey(models.Model):

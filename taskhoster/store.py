@@ -1,15 +1,25 @@
-"""The state directories: one JSON file per item, the directory it is in being its state.
+"""The state directories: one file per item, the directory it is in being its state.
 
 Layout: ``<root>/<queue>/{pending,processing,done}/<id>.json``. Plain Python, no Django.
 
-Every write goes to a temporary file in the target directory and is renamed into place, so a
-reader never sees half a file. While ``fsync`` is on, a durable write flushes the file and then
-its directory entry before returning; a batch shares one flush (``syncfs`` where Linux offers it).
-A move between states is one ``rename``: atomic, so of two processes moving the same file, one
-wins and the other gets ``FileMissing``.
+An item's file is a short log of JSON lines. The first line is the whole record as posted;
+each transition that changes what the file must remember (a verdict, a re-queue, a restart)
+appends one line with the fields it changes and the new ``rev``, and the record is the first
+line updated by the others in order. A transition then moves the same file to its new
+state's directory with one ``rename``. So after the post, no transition creates a file: on
+Linux, creating an inode costs far more than appending to one or renaming it.
 
-Each record carries ``rev``, raised on every rewrite, so that when a crash leaves one id in two
-directories, the newer file is known (``repair`` keeps the highest ``rev``).
+A post writes its file in ``<root>/.staging/`` (outside the queue, so an unfinished post is
+never mistaken for an item) and renames it into ``pending/`` inside its group commit.
+
+Durability comes from one barrier per group (``FileBatch.flush``): ``syncfs`` where Linux
+offers it, else an fsync of every written file and touched directory. Before the barrier a
+power cut may leave any subset of the group's writes, renames and unlinks; ``read`` ignores a
+torn last line, and ``repair`` puts a file whose last line disagrees with its directory where
+that line says, so nothing acknowledged (acknowledged only after the barrier) is undone.
+
+Every syscall that changes the disk goes through ``Syscalls``, so a test can record them and
+enumerate what a power cut could leave.
 """
 
 from __future__ import annotations
@@ -22,8 +32,8 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +44,9 @@ from .status import State
 QUEUE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SUFFIX = ".json"
 TMP_SUFFIX = ".tmp"
-BATCH_SYNCFS_THRESHOLD = 8
+STAGING = ".staging"
+TRASH = ".trash"
+QUARANTINE = ".quarantine"
 
 Record = dict[str, Any]
 
@@ -59,10 +71,96 @@ def _load_syncfs() -> Any:
 _syncfs = _load_syncfs()
 
 
+def encode_line(fields: Record) -> bytes:
+    return json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+def decode(data: bytes, *, name: str = "") -> tuple[Record, int]:
+    """Fold a file's lines into its record; also return the length of its complete lines.
+
+    A last line without its newline is a write a crash cut short: it is ignored. Any other
+    line that is not a JSON object makes the file unreadable.
+    """
+    end = data.rfind(b"\n") + 1
+    if end == 0:
+        raise StoreError(f"item file {name} is empty or torn")
+    record: Record | None = None
+    for line in data[:end].split(b"\n")[:-1]:
+        try:
+            fields = json.loads(line)
+        except ValueError as exc:
+            raise StoreError(f"item file {name} has a bad line: {exc}") from exc
+        if not isinstance(fields, dict):
+            raise StoreError(f"item file {name} has a line that is not an object")
+        if record is None:
+            record = fields
+        else:
+            record.update(fields)
+    assert record is not None
+    return record, end
+
+
+class Syscalls:
+    """The file operations the store makes; a test may record them (see tests/crash)."""
+
+    def create(self, path: str, data: bytes) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+        try:
+            self._write_all(fd, data)
+        finally:
+            os.close(fd)
+
+    def append(self, path: str, data: bytes) -> int:
+        """Append ``data``; return the size before, to cut back to if the group fails."""
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                self._write_all(fd, data)
+            except OSError:
+                os.ftruncate(fd, size)
+                raise
+            return size
+        finally:
+            os.close(fd)
+
+    def truncate(self, path: str, size: int) -> None:
+        os.truncate(path, size)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def fsync(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def syncfs(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if _syncfs is None or _syncfs(fd) != 0:
+                os.sync()
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _write_all(fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+
+
 @dataclass(frozen=True)
 class Staged:
-    tmp: Path
-    final: Path
+    """A new item's file, written in the staging directory, not yet in its queue."""
+
+    item_id: str
+    path: Path
 
 
 @dataclass(frozen=True)
@@ -76,16 +174,20 @@ class FoundFile:
 class StateStore:
     """Reads and writes item files under one root."""
 
-    def __init__(self, root: Path | str, *, fsync: bool = True) -> None:
+    def __init__(self, root: Path | str, *, fsync: bool = True, flush: str = "syncfs") -> None:
         self.root = Path(root).resolve()
         self.fsync = fsync
+        self.flush_mode = flush if (flush != "syncfs" or _syncfs is not None) else "fsync"
+        self.sys = Syscalls()
 
     # -- paths ---------------------------------------------------------------------------
 
     def queue_dir(self, queue: str) -> Path:
-        if not isinstance(queue, str) or QUEUE_NAME_PATTERN.fullmatch(queue) is None:
-            raise StoreError(f"invalid queue name {queue!r}", code="invalid_queue_name")
-        if queue in (".", ".."):
+        if (
+            not isinstance(queue, str)
+            or QUEUE_NAME_PATTERN.fullmatch(queue) is None
+            or queue in (".", "..")
+        ):
             raise StoreError(f"invalid queue name {queue!r}", code="invalid_queue_name")
         path = self.root / queue
         if path.parent != self.root:
@@ -100,159 +202,115 @@ class StateStore:
             raise StoreError(f"invalid item id {item_id!r}", code="invalid_id")
         return self.state_dir(queue, state) / f"{item_id}{SUFFIX}"
 
+    @property
+    def staging_dir(self) -> Path:
+        return self.root / STAGING
+
+    @property
+    def trash_dir(self) -> Path:
+        return self.root / TRASH
+
     def ensure_queue(self, queue: str) -> None:
         for state in State:
             self.state_dir(queue, state).mkdir(parents=True, exist_ok=True)
 
-    # -- writing -------------------------------------------------------------------------
+    # -- new items -----------------------------------------------------------------------
 
-    def write(self, queue: str, state: State, records: Sequence[Record], *, durable: bool) -> None:
-        """Write (or replace) each record as ``<state>/<id>.json``, atomically.
-
-        With ``durable`` and fsync on, nothing returns before the files and their directory
-        entries are on disk.
-        """
-        if not records:
-            return
-        directory = self.state_dir(queue, state)
-        flush = durable and self.fsync
-        staged: list[tuple[Path, Path]] = []
-        try:
-            for record in records:
-                final = self.item_path(queue, state, record["id"])
-                data = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode()
-                tmp = directory / f".{record['id']}.{secrets.token_hex(4)}{TMP_SUFFIX}"
-                try:
-                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
-                except FileNotFoundError:
-                    self.ensure_queue(queue)
-                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
-                staged.append((tmp, final))
-                try:
-                    view = memoryview(data)
-                    while view:
-                        written = os.write(fd, view)
-                        view = view[written:]
-                    if flush and len(records) < BATCH_SYNCFS_THRESHOLD:
-                        os.fsync(fd)
-                finally:
-                    os.close(fd)
-            if flush and len(records) >= BATCH_SYNCFS_THRESHOLD:
-                self._sync_filesystem(directory)
-            for tmp, final in staged:
-                os.replace(tmp, final)
-            staged.clear()
-            if flush:
-                self._fsync_dir(directory)
-        except OSError as exc:
-            raise StoreError(f"could not write item files: {exc}") from exc
-        finally:
-            for tmp, _final in staged:
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
-
-    def stage(self, queue: str, state: State, record: Record, *, durable: bool) -> Staged:
-        """Write ``record`` to a temporary file beside its final place, flushed if
-        ``durable``; ``install`` renames it into place, ``discard`` drops it.
-
-        This lets the slow part of a durable write happen before a lock is taken.
-        """
-        final = self.item_path(queue, state, record["id"])
-        data = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode()
-        tmp = final.parent / f".{record['id']}.{secrets.token_hex(4)}{TMP_SUFFIX}"
+    def stage(self, record: Record) -> Staged:
+        """Write a new item's first line in the staging directory (not flushed: the group's
+        barrier flushes it). Creating the file is the slow part of a post, so callers do
+        this before they join a group."""
+        item_id = record["id"]
+        if not isinstance(item_id, str) or ID_PATTERN.fullmatch(item_id) is None:
+            raise StoreError(f"invalid item id {item_id!r}", code="invalid_id")
+        path = self.staging_dir / f"{item_id}.{secrets.token_hex(4)}{TMP_SUFFIX}"
+        data = encode_line(record)
         try:
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+                self.sys.create(str(path), data)
             except FileNotFoundError:
-                self.ensure_queue(queue)
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                if durable and self.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
+                self.staging_dir.mkdir(parents=True, exist_ok=True)
+                self.sys.create(str(path), data)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             raise StoreError(f"could not write item file: {exc}") from exc
-        return Staged(tmp=tmp, final=final)
+        return Staged(item_id=item_id, path=path)
 
-    def install(self, staged: Staged, *, durable: bool) -> None:
-        """Rename a staged file into place; with ``durable``, flush the directory entry."""
-        try:
-            os.replace(staged.tmp, staged.final)
-        except OSError as exc:
-            raise StoreError(f"could not install item file: {exc}") from exc
-        if durable and self.fsync:
-            self._fsync_dir(staged.final.parent)
-
-    @staticmethod
-    def discard(staged: Staged) -> None:
+    def discard(self, staged: Staged) -> None:
         with contextlib.suppress(OSError):
-            staged.tmp.unlink()
-
-    def move(
-        self, queue: str, item_id: str, src: State, dst: State, *, durable: bool = False
-    ) -> None:
-        """Rename the item's file from ``src`` to ``dst``: the atomic step of a claim.
-
-        Raises ``FileMissing`` if the file is not in ``src``, unless it is already in ``dst``
-        (a move repeated after a crash is not an error).
-        """
-        source = self.item_path(queue, src, item_id)
-        target = self.item_path(queue, dst, item_id)
-        try:
-            os.rename(source, target)
-        except FileNotFoundError:
-            if target.exists():
-                return
-            raise FileMissing(f"item {item_id} has no file in {queue}/{src.value}") from None
-        except OSError as exc:
-            raise StoreError(f"could not move item file: {exc}") from exc
-        if durable and self.fsync:
-            self._fsync_dir(target.parent)
-            self._fsync_dir(source.parent)
-
-    def unlink(self, queue: str, item_id: str, states: Sequence[State] = tuple(State)) -> bool:
-        """Remove the item's file from each of ``states``; True if any was there."""
-        removed = False
-        for state in states:
-            try:
-                os.unlink(self.item_path(queue, state, item_id))
-                removed = True
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise StoreError(f"could not remove item file: {exc}") from exc
-        return removed
-
-    def remove_queue(self, queue: str) -> None:
-        shutil.rmtree(self.queue_dir(queue), ignore_errors=True)
+            self.sys.unlink(str(staged.path))
 
     # -- reading -------------------------------------------------------------------------
 
     def read(self, queue: str, state: State, item_id: str) -> Record:
-        path = self.item_path(queue, state, item_id)
+        return self.read_path(self.item_path(queue, state, item_id))
+
+    def read_path(self, path: Path) -> Record:
         try:
             with open(path, "rb") as handle:
-                return dict(json.loads(handle.read()))
+                data = handle.read()
         except FileNotFoundError:
-            raise FileMissing(f"item {item_id} has no file in {queue}/{state.value}") from None
-        except (OSError, ValueError) as exc:
+            raise FileMissing(f"item file {path.name} is missing") from None
+        except OSError as exc:
             raise StoreError(f"could not read item file {path.name}: {exc}") from exc
+        return decode(data, name=path.name)[0]
 
     def read_any(self, queue: str, item_id: str, first: State) -> tuple[State, Record]:
         """Read the item's file, looking in ``first`` and then in the other states."""
-        order = [first, *(s for s in State if s is not first)]
-        for state in order:
+        for state in (first, *(s for s in State if s is not first)):
             try:
                 return state, self.read(queue, state, item_id)
             except FileMissing:
                 continue
         raise FileMissing(f"item {item_id} has no file in queue {queue}")
+
+    def locate(self, queue: str, item_id: str, first: State) -> State | None:
+        for state in (first, *(s for s in State if s is not first)):
+            if self.item_path(queue, state, item_id).exists():
+                return state
+        return None
+
+    # -- whole queues ----------------------------------------------------------------------
+
+    def move_queue_to_trash(self, queue: str, token: str) -> Path | None:
+        """Take a deleted queue's directory out of the namespace at once (one rename); its
+        files are removed later by ``remove_trash``. None if it had no directory."""
+        source = self.queue_dir(queue)
+        target = self.trash_dir / f"{queue}.{token}"
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.sys.rename(str(source), str(target))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"could not remove queue directory: {exc}") from exc
+        if self.fsync:
+            self.sys.fsync(str(self.root))
+        return target
+
+    def trash_entries(self) -> list[Path]:
+        if not self.trash_dir.is_dir():
+            return []
+        return sorted(p for p in self.trash_dir.iterdir() if p.is_dir())
+
+    def remove_trash(self, path: Path, *, limit: int | None = None) -> int:
+        """Remove up to ``limit`` files of a trashed queue (all without a limit); the
+        directory goes when it is empty. Returns how many files were removed."""
+        if path.parent != self.trash_dir:
+            raise StoreError("not a trashed queue", code="invalid_path")
+        removed = 0
+        for state in (*(s.value for s in State),):
+            directory = path / state
+            if not directory.is_dir():
+                continue
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    if limit is not None and removed >= limit:
+                        return removed
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                        removed += 1
+        shutil.rmtree(path, ignore_errors=True)
+        return removed
 
     # -- scanning (repair only: never on a hot path) -------------------------------------
 
@@ -278,33 +336,169 @@ class StateStore:
                 if ID_PATTERN.fullmatch(item_id):
                     yield FoundFile(queue, state, item_id, Path(entry.path))
 
-    def stale_temporaries(self, queue: str) -> Iterator[Path]:
-        for state in State:
-            directory = self.state_dir(queue, state)
+    def stale_temporaries(self, queue: str | None = None) -> Iterator[Path]:
+        """Temporary files: the staging directory's (``queue`` None), or a queue's own."""
+        directories = (
+            [self.staging_dir]
+            if queue is None
+            else [self.state_dir(queue, s) for s in State] + [self.queue_dir(queue)]
+        )
+        for directory in directories:
             if directory.is_dir():
                 for entry in os.scandir(directory):
                     if entry.name.endswith(TMP_SUFFIX):
                         yield Path(entry.path)
 
-    # -- flushing ------------------------------------------------------------------------
+    def quarantine(self, path: Path) -> Path:
+        """Move an unreadable file out of the way (kept for an operator to look at)."""
+        target_dir = self.root / QUARANTINE
+        target_dir.mkdir(parents=True, exist_ok=True)
+        target = target_dir / f"{path.parent.parent.name}.{path.parent.name}.{path.name}"
+        os.rename(path, target)
+        return target
 
-    @staticmethod
-    def _fsync_dir(directory: Path) -> None:
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    def truncate_torn(self, path: Path) -> bool:
+        """Cut a torn last line off a file; True if there was one."""
+        data = path.read_bytes()
+        end = data.rfind(b"\n") + 1
+        if 0 < end < len(data):
+            self.sys.truncate(str(path), end)
+            return True
+        return False
 
-    @staticmethod
-    def _sync_filesystem(directory: Path) -> None:
-        """Flush every dirty file of the filesystem holding ``directory`` in one call."""
-        fd = os.open(directory, os.O_RDONLY)
+    # -- groups of changes ---------------------------------------------------------------
+
+    def batch(self) -> FileBatch:
+        return FileBatch(self)
+
+    def barrier(self, written: set[str], directories: set[str]) -> None:
+        """Make every write, rename and unlink made so far durable (fsync on)."""
+        if not self.fsync or not (written or directories):
+            return
         try:
-            if _syncfs is None or _syncfs(fd) != 0:
-                os.sync()
-        finally:
-            os.close(fd)
+            if self.flush_mode == "syncfs":
+                self.sys.syncfs(str(self.root))
+                return
+            for path in sorted(written):
+                with contextlib.suppress(FileNotFoundError):
+                    self.sys.fsync(path)
+            for directory in sorted(directories):
+                with contextlib.suppress(FileNotFoundError):
+                    self.sys.fsync(directory)
+        except OSError as exc:
+            raise StoreError(f"could not flush item files: {exc}") from exc
+
+
+@dataclass
+class FileBatch:
+    """The file side of one group commit: every change is applied at once and can be undone
+    until ``flush``; removals wait for ``apply_unlinks`` (a removal cannot be undone)."""
+
+    store: StateStore
+    undo: list[tuple[str, str, Any]] = field(default_factory=list)
+    unlinks: list[tuple[str, str, State]] = field(default_factory=list)
+    written: set[str] = field(default_factory=set)
+    directories: set[str] = field(default_factory=set)
+
+    def install(self, staged: Staged, queue: str) -> None:
+        """Move a staged new item into its queue's ``pending/``."""
+        target = self.store.item_path(queue, State.PENDING, staged.item_id)
+        try:
+            try:
+                self.store.sys.rename(str(staged.path), str(target))
+            except FileNotFoundError:
+                if not staged.path.exists():
+                    raise
+                self.store.ensure_queue(queue)
+                self.store.sys.rename(str(staged.path), str(target))
+        except OSError as exc:
+            raise StoreError(f"could not install item file: {exc}") from exc
+        self.undo.append(("rename", str(target), str(staged.path)))
+        self.written.add(str(target))
+        self.directories.update({str(target.parent), str(staged.path.parent)})
+
+    def write_new(self, queue: str, record: Record) -> None:
+        """A new item made inside a group (a dead-letter copy): create it in ``pending/``."""
+        target = self.store.item_path(queue, State.PENDING, record["id"])
+        try:
+            try:
+                self.store.sys.create(str(target), encode_line(record))
+            except FileNotFoundError:
+                self.store.ensure_queue(queue)
+                self.store.sys.create(str(target), encode_line(record))
+        except OSError as exc:
+            raise StoreError(f"could not write item file: {exc}") from exc
+        self.undo.append(("create", str(target), None))
+        self.written.add(str(target))
+        self.directories.add(str(target.parent))
+
+    def change(
+        self, queue: str, item_id: str, src: State, dst: State, patch: Record | None
+    ) -> bool:
+        """Append ``patch`` (if any) to the item's file and move it from ``src`` to ``dst``.
+
+        The file is looked for in the other states when it is not in ``src`` (a crash may
+        have left it ahead of its row). False if it is nowhere: the item is gone.
+        """
+        path = self.store.item_path(queue, src, item_id)
+        if not path.exists():
+            found = self.store.locate(queue, item_id, src)
+            if found is None:
+                return False
+            src, path = found, self.store.item_path(queue, found, item_id)
+        try:
+            if patch is not None:
+                size = self.store.sys.append(str(path), encode_line(patch))
+                self.undo.append(("truncate", str(path), size))
+                self.written.add(str(path))
+            if src is not dst:
+                target = self.store.item_path(queue, dst, item_id)
+                self.store.sys.rename(str(path), str(target))
+                self.undo.append(("rename", str(target), str(path)))
+                self.directories.update({str(path.parent), str(target.parent)})
+                if patch is not None:
+                    self.written.discard(str(path))
+                    self.written.add(str(target))
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise StoreError(f"could not change item file: {exc}") from exc
+        return True
+
+    def remove(self, queue: str, item_id: str, state: State) -> None:
+        """Remove the item's file (looked for in ``state`` first) when ``apply_unlinks``
+        runs: a removal cannot be undone, so it waits until the group can no longer fail."""
+        self.unlinks.append((queue, item_id, state))
+
+    def apply_unlinks(self) -> None:
+        for queue, item_id, first in self.unlinks:
+            for state in (first, *(s for s in State if s is not first)):
+                path = str(self.store.item_path(queue, state, item_id))
+                try:
+                    self.store.sys.unlink(path)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    raise StoreError(f"could not remove item file: {exc}") from exc
+                self.directories.add(os.path.dirname(path))
+                break
+        self.unlinks.clear()
+
+    def rollback(self) -> None:
+        """Undo every change, newest first (the group's transaction failed)."""
+        for kind, path, other in reversed(self.undo):
+            with contextlib.suppress(OSError):
+                if kind == "rename":
+                    self.store.sys.rename(path, other)
+                elif kind == "truncate":
+                    self.store.sys.truncate(path, other)
+                elif kind == "create":
+                    self.store.sys.unlink(path)
+        self.undo.clear()
+        self.unlinks.clear()
+
+    def flush(self) -> None:
+        self.store.barrier(self.written, self.directories)
 
 
 def write_queue_settings(store: StateStore, queue: str, settings: dict[str, Any]) -> None:
@@ -320,7 +514,7 @@ def write_queue_settings(store: StateStore, queue: str, settings: dict[str, Any]
             os.fsync(handle.fileno())
     os.replace(tmp, path)
     if store.fsync:
-        StateStore._fsync_dir(path.parent)
+        store.sys.fsync(str(path.parent))
 
 
 def read_queue_settings(store: StateStore, queue: str) -> dict[str, Any] | None:

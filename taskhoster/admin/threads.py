@@ -11,7 +11,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from ..engine.common import first_pending_member
+from ..engine.rows import first_pending_member
 from ..engine.threads import thread_members
 from ..models import Thread
 from .common import CappedPaginator, item_link, items_url, paginator_for

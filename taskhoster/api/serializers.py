@@ -14,7 +14,6 @@ from rest_framework import serializers
 from ..conf import get_conf
 from ..errors import InvalidInput, TooLarge
 from ..ids import is_valid_id
-from ..models import Item
 from ..status import Status
 from ..timeutil import parse_wire, to_wire
 
@@ -185,7 +184,7 @@ class QueueSerializer(QueueSettingsSerializer):
 
 
 class ItemSerializer(serializers.Serializer):
-    """An item as returned (schema only; ``item_to_wire`` builds it)."""
+    """An item as returned (schema only; ``engine.item_json`` builds it)."""
 
     id = serializers.CharField()
     queue = serializers.CharField()
@@ -236,42 +235,6 @@ class DeletedSerializer(serializers.Serializer):
 
 class ErrorSerializer(serializers.Serializer):
     error = serializers.DictField(child=serializers.CharField())
-
-
-def item_to_wire(
-    row: Item, queue_name: str, record: dict[str, Any] | None = None, *, lease: str | None = None
-) -> dict[str, Any]:
-    """An item as the API returns it; without ``record``, no payload or result (listings)."""
-    out: dict[str, Any] = {
-        "id": row.id,
-        "queue": queue_name,
-        "status": row.status,
-    }
-    if record is not None:
-        out["payload"] = record.get("payload")
-    out.update(
-        {
-            "threadId": row.thread_id,
-            "scheduledAt": to_wire(row.scheduled_at),
-            "postedAt": to_wire(row.posted_at),
-            "attempts": row.attempts,
-            "leaseExpiresAt": to_wire(row.lease_expires_at)
-            if row.status == Status.PROCESSING
-            else None,
-            "finishedAt": to_wire(row.finished_at),
-        }
-    )
-    if record is not None:
-        out["result"] = record.get("result") if row.status == Status.FINISHED else None
-    out["error"] = row.error
-    out["key"] = row.key
-    if row.origin is not None:
-        out["origin"] = row.origin
-    if row.dead_letter is not None:
-        out["deadLetter"] = row.dead_letter
-    if lease is not None:
-        out["lease"] = lease
-    return out
 
 
 def validated(serializer_class: type[serializers.Serializer], data: Any) -> dict[str, Any]:

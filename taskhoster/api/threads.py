@@ -8,13 +8,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from .. import engine
 from ..conf import get_conf
 from ..engine.threads import ThreadView, get_thread, list_threads, thread_members
 from ..errors import InvalidInput
 from ..models import Item
 from .auth import require
 from .cursors import decode_cursor, encode_cursor
-from .serializers import ItemSerializer, item_to_wire
+from .serializers import ItemSerializer
 from .views import ERRORS, _queue_or_404
 
 
@@ -100,7 +101,7 @@ class ThreadDetailView(APIView):
         return Response(
             {
                 **_wire(view),
-                "members": [item_to_wire(m, q.name) for m in members],
+                "members": [engine.item_json(m, queue_name=q.name) for m in members],
                 "next": encode_cursor(last),
             }
         )

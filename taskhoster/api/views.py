@@ -24,6 +24,7 @@ from ..conf import get_conf
 from ..errors import InvalidInput, ItemNotFound
 from ..models import Item, Queue
 from ..status import Status
+from ..timeutil import to_wire
 from .auth import require
 from .cursors import decode_cursor, encode_cursor
 from .serializers import (
@@ -44,7 +45,6 @@ from .serializers import (
     ResultSerializer,
     VerdictSerializer,
     check_item_id,
-    item_to_wire,
     validated,
 )
 
@@ -71,7 +71,11 @@ def _queue_wire(queue: Queue, counts: dict[str, int]) -> dict[str, Any]:
 
 
 def _item_queue_name(item_id: str) -> str:
-    name = Item.objects.filter(id=item_id).values_list("queue__name", flat=True).first()
+    name = (
+        Item.objects.filter(id=item_id, queue__deleting=False)
+        .values_list("queue__name", flat=True)
+        .first()
+    )
     if name is None:
         raise ItemNotFound(f"item {item_id!r} does not exist")
     return name
@@ -158,7 +162,10 @@ class QueueItemsView(APIView):
             limit=limit,
         )
         return Response(
-            {"items": [item_to_wire(r, q.name) for r in rows], "next": encode_cursor(last)}
+            {
+                "items": [engine.item_json(r, queue_name=q.name) for r in rows],
+                "next": encode_cursor(last),
+            }
         )
 
     @extend_schema(
@@ -190,7 +197,7 @@ class QueueItemsView(APIView):
             for s in specs
         ]
         posted = engine.post_items(queue_name=q.name, items=new)
-        wires = [item_to_wire(p.row, q.name, {"payload": p.payload}) for p in posted]
+        wires = [engine.item_json(p.row, payload=p.payload, result=None) for p in posted]
         if batch:
             return Response({"items": wires}, status=status.HTTP_201_CREATED)
         code = status.HTTP_201_CREATED if posted[0].created else status.HTTP_200_OK
@@ -237,7 +244,7 @@ class ClaimView(APIView):
         return Response(
             {
                 "items": [
-                    item_to_wire(c.row, q.name, {"payload": c.payload}, lease=c.row.lease)
+                    engine.item_json(c.row, payload=c.payload, result=None, lease=c.row.lease)
                     for c in claimed
                 ]
             }
@@ -267,7 +274,9 @@ class ItemView(APIView):
                 )
             engine.wait_for_verdict(item_id=item_id, wait=wait)
         row, record = engine.get_item(item_id=item_id, producer_read=True)
-        return Response(item_to_wire(row, row.queue.name, record))
+        return Response(
+            engine.item_json(row, payload=record.get("payload"), result=record.get("result"))
+        )
 
     @extend_schema(responses={204: None, **ERRORS}, summary="Delete an item")
     def delete(self, request: Request, item_id: str) -> Response:
@@ -287,7 +296,9 @@ class RestartView(APIView):
         require(request, "manage", queue=_item_queue_name(item_id))
         engine.restart(item_id=item_id)
         row, record = engine.get_item(item_id=item_id)
-        return Response(item_to_wire(row, row.queue.name, record))
+        return Response(
+            engine.item_json(row, payload=record.get("payload"), result=record.get("result"))
+        )
 
 
 class ResultView(APIView):
@@ -339,12 +350,7 @@ class ExtendView(APIView):
             item_id=item_id, lease=body["lease"], seconds=body.get("seconds")
         )
         expires = row.lease_expires_at if row.status == Status.PROCESSING else None
-        return Response(
-            {
-                "accepted": accepted,
-                "leaseExpiresAt": item_to_wire(row, "")["leaseExpiresAt"] if expires else None,
-            }
-        )
+        return Response({"accepted": accepted, "leaseExpiresAt": to_wire(expires)})
 
 
 class HealthView(APIView):

@@ -1,60 +1,94 @@
 """The engine: the one home of the item lifecycle (SPEC section 3) and its invariants.
 
-Views, the socket consumer, the admin and the commands translate their input into these calls
-and nothing else changes an item's state.
+Views, the socket consumer, the admin and the commands use only what this module exports, and
+nothing else changes an item's state. Every change is an operation of a group commit
+(``committer``, ``group``): many operations share one transaction and one flush of the item
+files; a single call is a group of one.
 """
 
-from .claiming import Claimed, claim, extend
+from . import queues, threads
 from .clocks import SweepReport, sweep
-from .posting import NewItem, Posted, get_live_queue, post_items, restart
+from .group import LEASE_EXPIRED, TIMEOUT, WORKER_DISCONNECTED
+from .ops import Claimed, NewItem, Posted, Verdict
 from .queues import queue_settings, upsert_queue
-from .reading import counts_by_queue, get_item, list_items, wait_for_verdict
-from .removal import delete_by_status, delete_item, delete_items, delete_queue
+from .reading import counts_by_queue, get_item, get_row, list_items, wait_for_verdict
+from .removal import QUEUE_DELETED, delete_by_status, delete_queue, reclaim_deleted_queues
 from .repair import RepairReport, rebuild_threads, repair
-from .verdicts import (
-    LEASE_EXPIRED,
-    TIMEOUT,
-    WORKER_DISCONNECTED,
-    Verdict,
+from .rows import ItemRow, first_pending_member
+from .transitions import (
+    apply_clock,
+    claim,
+    claim_async,
+    delete_if_retained,
+    delete_item,
+    delete_items,
+    extend,
+    extend_async,
     fail,
+    fail_async,
+    get_live_queue,
+    mark_fetched,
+    post_items,
     release_unsent,
+    release_unsent_async,
     requeue_held,
+    requeue_held_async,
     requeue_if_lapsed,
+    restart,
     submit_result,
+    submit_result_async,
     time_out_if_aged,
 )
+from .wire import item_json
 
 __all__ = [
     "LEASE_EXPIRED",
+    "QUEUE_DELETED",
     "TIMEOUT",
     "WORKER_DISCONNECTED",
     "Claimed",
+    "ItemRow",
     "NewItem",
     "Posted",
     "RepairReport",
     "SweepReport",
     "Verdict",
+    "apply_clock",
     "claim",
+    "claim_async",
     "counts_by_queue",
     "delete_by_status",
+    "delete_if_retained",
     "delete_item",
     "delete_items",
     "delete_queue",
     "extend",
+    "extend_async",
     "fail",
+    "fail_async",
+    "first_pending_member",
     "get_item",
     "get_live_queue",
+    "get_row",
+    "item_json",
     "list_items",
+    "mark_fetched",
     "post_items",
     "queue_settings",
+    "queues",
     "rebuild_threads",
+    "reclaim_deleted_queues",
     "release_unsent",
+    "release_unsent_async",
     "repair",
     "requeue_held",
+    "requeue_held_async",
     "requeue_if_lapsed",
     "restart",
     "submit_result",
+    "submit_result_async",
     "sweep",
+    "threads",
     "time_out_if_aged",
     "upsert_queue",
     "wait_for_verdict",

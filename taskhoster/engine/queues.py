@@ -112,9 +112,7 @@ def upsert_queue(*, name: str, body: dict[str, Any]) -> tuple[Queue, bool]:
     values = clean_settings(name, body)
     try:
         with transaction.atomic():
-            queue = Queue.objects.select_for_update().filter(name=name).first()
-            if queue is not None and queue.deleting:
-                raise InvalidInput(f"queue {name!r} is being deleted", code="queue_deleting")
+            queue = Queue.objects.select_for_update().filter(name=name, deleting=False).first()
             created = queue is None
             if queue is None:
                 queue = Queue(name=name)

@@ -1,36 +1,50 @@
 """Reads: one item (a producer's read starts the ``fetched`` retention clock), long-poll for a
-verdict, pages of items, and live counts per status."""
+verdict, pages of items, and live counts per status (kept by every group: flat however many
+items a queue holds)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from django.db.models import Count
+from django.db.models import Sum
 
 from .. import events
 from ..conf import get_conf
 from ..errors import ItemNotFound
-from ..models import Item, Queue
+from ..models import Item, Queue, QueueCount
 from ..status import Status
 from ..store import FileMissing, Record
-from ..timeutil import now as utcnow
-from .common import read_record
+from . import rows as sql
+from .common import store
+from .rows import ItemRow
+from .transitions import mark_fetched
 
 
-def get_item(*, item_id: str, producer_read: bool = False) -> tuple[Item, Record]:
+def get_row(item_id: str) -> ItemRow | None:
+    """The item's row, with its queue's name; None if it does not exist (or its queue is
+    being deleted)."""
+    found = sql.select_rows([item_id], lock=False).get(item_id)
+    if found is None:
+        return None
+    queue = Queue.objects.filter(id=found.queue_id, deleting=False).values_list("name").first()
+    if queue is None:
+        return None
+    found.queue_name = queue[0]
+    return found
+
+
+def get_item(*, item_id: str, producer_read: bool = False) -> tuple[ItemRow, Record]:
     """The item's row and file. A producer's read of a terminal item marks it fetched."""
-    row = Item.objects.select_related("queue").filter(id=item_id).first()
+    row = get_row(item_id)
     if row is None:
         raise ItemNotFound(f"item {item_id!r} does not exist")
     try:
-        _state, record = read_record(row.queue.name, row)
+        _state, record = store().read_any(row.queue_name, row.id, Status(row.status).state)
     except FileMissing:
         raise ItemNotFound(f"item {item_id!r} does not exist") from None
-    if producer_read and Status(row.status).is_terminal and row.fetched_at is None:
-        at = utcnow()
-        if Item.objects.filter(id=item_id, fetched_at__isnull=True).update(fetched_at=at):
-            row.fetched_at = at
+    if producer_read and row.is_terminal and row.fetched_at is None:
+        row.fetched_at = mark_fetched(item_id=item_id)
     return row, record
 
 
@@ -67,13 +81,15 @@ def list_items(
 
 
 def counts_by_queue(queue_ids: list[int]) -> dict[int, dict[str, int]]:
+    """Items per status of each queue: a sum over a handful of count rows, never a count of
+    the items themselves."""
     counts: dict[int, dict[str, int]] = {q: {s.value: 0 for s in Status} for q in queue_ids}
     for row in (
-        Item.objects.filter(queue_id__in=queue_ids)
+        QueueCount.objects.filter(queue_id__in=queue_ids)
         .values("queue_id", "status")
-        .annotate(n=Count("id"))
+        .annotate(n=Sum("n"))
     ):
-        counts[row["queue_id"]][row["status"]] = row["n"]
+        counts[row["queue_id"]][row["status"]] = int(row["n"] or 0)
     return counts
 
 

@@ -1,53 +1,47 @@
-"""Delete (rule 9), retention deletes (rule 11) and deleting a whole queue.
+"""Deleting many items at once: by status, and a whole queue.
 
-A delete removes the file first and the row after, both under the row's lock: a crash
-between leaves a row without a file, which every transition treats as already deleted (and
-``repair`` removes). The reverse order could bring a deleted item back from its file.
+Single deletes (rule 9) and retention (rule 11) are group operations (``group.Group.delete``,
+``Group.sweep``). Here:
+
+- ``delete_by_status`` walks the queue's items of one status by keyset and deletes them a
+  chunk at a time, each chunk one group operation (set-based: one read, one unlink each,
+  one ``DELETE``), so a million items go without one giant transaction.
+- ``delete_queue`` makes a queue disappear for clients at once: in one transaction its row
+  is marked ``deleting`` (its name is free again: names are unique among live queues only)
+  and its directory is renamed into ``<root>/.trash/`` (one rename). Its rows and files are
+  reclaimed behind it by ``reclaim_deleted_queues`` (started by the delete, and by every
+  sweep until done), in chunks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from datetime import datetime
+import logging
+import threading
 
-from django.db import transaction
+from django.db import connection, transaction
 
+from .. import events
 from ..conf import get_conf
-from ..errors import InvalidInput
-from ..models import Item, Queue, Thread
+from ..errors import QueueNotFound
+from ..models import Item, Queue, QueueCount, Thread
 from ..status import Status
-from ..store import write_queue_settings
-from .common import announce_removed, leave_thread, lock_item, seconds, store
-from .posting import get_live_queue
+from ..store import StoreError, write_queue_settings
+from .common import store
+from .group import QUEUE_LOCK_CLASS
 from .queues import queue_settings
+from .transitions import delete_items, get_live_queue
+
+log = logging.getLogger(__name__)
 
 DELETED = "deleted"
-
-
-def delete_item(*, item_id: str, queue_name: str | None = None) -> bool:
-    """Rule 9: the item and its file are gone; a processing thread head is detached at once."""
-    with transaction.atomic():
-        locked = lock_item(item_id)
-        if locked is None or (queue_name is not None and locked.queue.name != queue_name):
-            return False
-        row = locked.row
-        store().unlink(locked.queue.name, row.id)
-        row.delete()
-        if not Status(row.status).is_terminal:
-            leave_thread(locked.thread, locked.queue.name, item_id)
-        if row.status == Status.PROCESSING:
-            announce_removed(locked.queue.name, item_id, DELETED)
-        return True
-
-
-def delete_items(*, item_ids: Iterable[str], queue_name: str | None = None) -> int:
-    return sum(delete_item(item_id=i, queue_name=queue_name) for i in item_ids)
+QUEUE_DELETED = "queue-deleted"
+RECLAIM_CHUNK = 5000
 
 
 def delete_by_status(*, queue_name: str, status: Status) -> int:
     """Delete every item of the queue in ``status``, a chunk at a time."""
     queue = get_live_queue(queue_name)
-    chunk = get_conf().sweep_chunk
+    chunk = max(get_conf().sweep_chunk, 2000)
     deleted = 0
     after = ""
     while True:
@@ -62,56 +56,114 @@ def delete_by_status(*, queue_name: str, status: Status) -> int:
         after = ids[-1]
 
 
-def delete_if_retained(*, item_id: str, at: datetime) -> bool:
-    """Rule 11: delete a done item whose retention has run out (re-checked under the lock)."""
-    with transaction.atomic():
-        locked = lock_item(item_id)
-        if locked is None or not Status(locked.row.status).is_terminal:
-            return False
-        queue, row = locked.queue, locked.row
-        start = row.finished_at if queue.retain_from == "finished" else row.fetched_at
-        if start is None or start + seconds(queue.retain_seconds) > at:
-            return False
-        store().unlink(queue.name, row.id)
-        row.delete()
-        return True
+def _trash_token(queue: Queue) -> str:
+    return str(queue.id)
 
 
 def delete_queue(*, queue_name: str) -> None:
-    """Delete a queue, all its items and files. Posts into it fail from the first step on."""
-    updated = Queue.objects.filter(name=queue_name).update(deleting=True)
-    if not updated:
-        get_live_queue(queue_name)  # raises QueueNotFound
-    queue = Queue.objects.get(name=queue_name)
-    chunk = get_conf().sweep_chunk
-    while _purge_chunk(queue, chunk):
-        pass
-    with transaction.atomic():
-        Queue.objects.select_for_update().filter(id=queue.id).first()
-        while _purge_chunk(queue, chunk):
-            pass
-        Thread.objects.filter(queue=queue).delete()
-        queue.delete()
-        # Queues that sent their dead letters here stop doing so, visibly.
-        for other in Queue.objects.filter(dead_letter_queue=queue_name):
-            other.dead_letter_queue = None
-            other.save(update_fields=["dead_letter_queue"])
-            write_queue_settings(store(), other.name, queue_settings(other, wire=False))
-    store().remove_queue(queue_name)
+    """Delete a queue: gone for every client at once, its items reclaimed behind it."""
+    st = store()
+    trash = None
+    try:
+        with transaction.atomic():
+            queue = (
+                Queue.objects.select_for_update().filter(name=queue_name, deleting=False).first()
+            )
+            if queue is None:
+                raise QueueNotFound(f"queue {queue_name!r} does not exist")
+            if connection.vendor == "postgresql":
+                # Wait for groups writing into this queue's directory (they hold it shared).
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT pg_advisory_xact_lock(%s, %s)", [QUEUE_LOCK_CLASS, queue.id]
+                    )
+            Queue.objects.filter(id=queue.id).update(deleting=True)
+            # Queues that sent their dead letters here stop doing so, visibly.
+            for other in Queue.objects.filter(dead_letter_queue=queue_name, deleting=False):
+                other.dead_letter_queue = None
+                other.save(update_fields=["dead_letter_queue"])
+                write_queue_settings(st, other.name, queue_settings(other, wire=False))
+            # Out of the namespace before the name is free: a new queue of the same name
+            # must never find this one's files.
+            trash = st.move_queue_to_trash(queue.name, _trash_token(queue))
+    except BaseException:
+        if trash is not None:
+            trash.rename(st.queue_dir(queue_name))
+        raise
+    events.announce(QUEUE_DELETED, queue_name, str(queue.id))
+    transaction.on_commit(_reclaim_in_background)  # at once, unless inside a transaction
 
 
-def _purge_chunk(queue: Queue, chunk: int) -> int:
-    with transaction.atomic():
-        rows = list(Item.objects.filter(queue=queue).values_list("id", "status")[:chunk])
+def _reclaim_in_background() -> None:
+    def run() -> None:
+        try:
+            reclaim_deleted_queues(wait=False)
+        except Exception:
+            log.exception("reclaiming deleted queues failed; the sweep will try again")
+        finally:
+            connection.close()
+
+    threading.Thread(target=run, name="taskhoster-reclaim", daemon=True).start()
+
+
+_reclaiming = threading.Lock()
+
+
+def reclaim_deleted_queues(*, wait: bool = True) -> int:
+    """Remove the rows and files of every deleted queue; returns the items reclaimed.
+
+    Safe beside another reclaimer (a sweep in another process): each step is idempotent.
+    Within this process one runs at a time; without ``wait``, a call finding one under way
+    leaves the work to it.
+    """
+    if not _reclaiming.acquire(blocking=wait):
+        return 0
+    try:
+        reclaimed = 0
         st = store()
-        for item_id, status in rows:
-            st.unlink(queue.name, item_id)
-            if status == Status.PROCESSING:
-                announce_removed(queue.name, item_id, DELETED)
-        Item.objects.filter(id__in=[r[0] for r in rows]).delete()
-        return len(rows)
+        for queue in Queue.objects.filter(deleting=True):
+            reclaimed += _reclaim_rows(queue)
+            trash = st.trash_dir / f"{queue.name}.{_trash_token(queue)}"
+            if trash.exists():
+                st.remove_trash(trash)
+            elif (
+                st.queue_dir(queue.name).exists()
+                and not Queue.objects.filter(name=queue.name, deleting=False).exists()
+            ):
+                # A queue deleted before directories were moved aside: take it away now.
+                moved = st.move_queue_to_trash(queue.name, _trash_token(queue))
+                if moved is not None:
+                    st.remove_trash(moved)
+            with transaction.atomic():
+                Thread.objects.filter(queue=queue).delete()
+                QueueCount.objects.filter(queue=queue).delete()
+                if not Item.objects.filter(queue=queue).exists():
+                    Queue.objects.filter(id=queue.id, deleting=True).delete()
+        live = {q.id for q in Queue.objects.only("id")}
+        for entry in st.trash_entries():
+            token = entry.name.rsplit(".", 1)[-1]
+            if token.isdigit() and int(token) not in live:
+                try:
+                    st.remove_trash(entry)
+                except StoreError as exc:
+                    log.warning("could not remove %s: %s", entry, exc)
+        return reclaimed
+    finally:
+        _reclaiming.release()
 
 
-def validate_bulk_delete(ids: object, status: object) -> None:
-    if (ids is None) == (status is None):
-        raise InvalidInput("give either ids or status", code="invalid_body")
+def _reclaim_rows(queue: Queue) -> int:
+    """Delete a deleted queue's rows, a chunk per transaction."""
+    total = 0
+    table = Item._meta.db_table
+    while True:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {table} WHERE id IN "
+                f"(SELECT id FROM {table} WHERE queue_id = %s LIMIT %s)",
+                [queue.id, RECLAIM_CHUNK],
+            )
+            gone = cursor.rowcount
+        total += max(0, gone)
+        if gone < RECLAIM_CHUNK:
+            return total

@@ -1,17 +1,25 @@
 """Bring the index back in line with the state directories (``manage.py sweep --repair``).
 
-The files are the truth. For each id the file with the highest ``rev`` wins (a crash between
-writing a new file and removing the old one leaves both) and the others are removed; a row
-that disagrees with its file is rewritten from it; a file without a row is indexed; a row
-without a file is dropped. A file in processing/ becomes a processing row whose lease has
-already lapsed, so the next sweep re-queues it; but beside a pending row of the same ``rev``
-it is a claim that never committed (never answered), and goes back to pending/. Then every
-thread of the queue is rebuilt from its members. Files and rows touched (written, or renamed)
-within ``grace`` seconds are left alone, so repair can run beside a live server without racing
-a post or a claim in flight.
+The files are the truth. Each file's record is its lines folded in order; a torn last line
+(a write a crash cut short, never acknowledged) is cut off, and a file that cannot be read
+at all (a new file whose data a power cut lost before its group's flush: never acknowledged)
+is moved to ``<root>/.quarantine/``. A file whose last line disagrees with its directory (a
+power cut kept the line but not the rename, or the reverse) is moved to where the line says:
+a verdict line moves it to ``done/``; a ``done/`` file without one goes back to
+``processing/``. Should one id have two files (only an older version of the store could
+leave that), the highest ``rev`` wins.
 
-A queue row without a directory is left untouched: an empty or wrong state root must never
-empty the index.
+Then a row that disagrees with its file is rewritten from it; a file without a row is
+indexed; a row without a file is dropped. A file in processing/ becomes a processing row whose
+lease has already lapsed, so the next sweep re-queues it; but beside a pending row of the same
+``rev`` it is a claim that never committed (never answered), and goes back to pending/. Every
+thread of the queue is rebuilt from its members, and its counts are recounted. Files and rows
+touched within ``grace`` seconds are left alone, so repair can run beside a live server
+without racing a post or a claim in flight; so are staged posts in ``<root>/.staging/``.
+
+A queue row without a directory is left untouched (an empty or wrong state root must never
+empty the index), unless its directory is in ``<root>/.trash/`` while the queue is live: a
+delete that crashed before it committed, which is undone.
 """
 
 from __future__ import annotations
@@ -28,12 +36,13 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import Count
 
-from ..models import QUEUE_DEFAULTS, Item, Queue, Thread
+from ..models import QUEUE_DEFAULTS, Item, Queue, QueueCount, Thread
 from ..status import LIVE_STATUSES, State, Status
 from ..store import FoundFile, Record, StoreError, read_queue_settings
 from ..timeutil import now as utcnow
 from ..timeutil import parse_wire
-from .common import first_pending_member, store
+from .common import store
+from .rows import first_pending_member
 
 log = logging.getLogger(__name__)
 STATE_RANK = {State.PROCESSING: 0, State.PENDING: 1, State.DONE: 2}
@@ -48,6 +57,8 @@ class RepairReport:
     stale_files_removed: int = 0
     unreadable_files: list[str] = field(default_factory=list)
     threads_rebuilt: int = 0
+    files_moved: int = 0
+    torn_lines_cut: int = 0
 
     def __str__(self) -> str:
         text = (
@@ -56,30 +67,43 @@ class RepairReport:
             f"{self.stale_files_removed} stale file(s) removed, {self.threads_rebuilt} "
             f"thread(s) rebuilt"
         )
+        if self.files_moved or self.torn_lines_cut:
+            text += (
+                f", {self.files_moved} file(s) moved to the state their last line names, "
+                f"{self.torn_lines_cut} torn line(s) cut"
+            )
         if self.unreadable_files:
-            text += f", {len(self.unreadable_files)} unreadable file(s) left in place"
+            text += f", {len(self.unreadable_files)} unreadable file(s) quarantined"
         return text
 
 
 def repair(*, grace_seconds: float) -> RepairReport:
     report = RepairReport()
     st = store()
+    cutoff = time.time() - grace_seconds
+    for tmp in st.stale_temporaries():
+        with contextlib.suppress(OSError):
+            if tmp.stat().st_mtime < cutoff:
+                tmp.unlink()  # a post that never joined its group: never acknowledged
+                report.stale_files_removed += 1
+    for queue in Queue.objects.filter(deleting=False):
+        trash = st.trash_dir / f"{queue.name}.{queue.id}"
+        if not st.queue_dir(queue.name).exists() and trash.is_dir():
+            trash.rename(st.queue_dir(queue.name))  # a delete that never committed
+            log.info("repair: queue %s restored from a delete that did not commit", queue.name)
     for name in st.queues():
-        queue = Queue.objects.filter(name=name).first()
-        if queue is None:
-            queue = _restore_queue(name)
+        found = Queue.objects.filter(name=name, deleting=False).first()
+        if found is None:
+            found = _restore_queue(name)
             report.queues_restored += 1
-        if queue.deleting:
-            continue
-        _repair_queue(queue, grace_seconds, report)
+        _repair_queue(found, grace_seconds, report)
     return report
 
 
 def _restore_queue(name: str) -> Queue:
     saved = read_queue_settings(store(), name) or {}
     values = {k: saved[k] for k in QUEUE_DEFAULTS if k in saved}
-    queue, _ = Queue.objects.get_or_create(name=name, defaults=values)
-    return queue
+    return Queue.objects.create(name=name, **values)
 
 
 def _expected_status(state: State, record: Record) -> Status:
@@ -110,6 +134,7 @@ def _repair_queue(queue: Queue, grace: float, report: RepairReport) -> None:
         _repair_item(queue, item_id, files, report)
     _drop_rows_without_files(queue, set(by_id), grace, report)
     report.threads_rebuilt += rebuild_threads(queue)
+    recount(queue)
 
 
 def _repair_item(queue: Queue, item_id: str, found: list[FoundFile], report: RepairReport) -> None:
@@ -117,9 +142,13 @@ def _repair_item(queue: Queue, item_id: str, found: list[FoundFile], report: Rep
     readable: list[tuple[State, Record, FoundFile]] = []
     for f in found:
         try:
+            if st.truncate_torn(f.path):
+                report.torn_lines_cut += 1
             readable.append((f.state, st.read(queue.name, f.state, item_id), f))
-        except StoreError:
-            report.unreadable_files.append(str(f.path))
+        except (StoreError, OSError) as exc:
+            report.unreadable_files.append(f"{f.path}: {exc}")
+            with contextlib.suppress(OSError):
+                st.quarantine(f.path)
     if not readable:
         return
     readable.sort(key=lambda t: (int(t[1].get("rev", 0)), STATE_RANK[t[0]]))
@@ -128,6 +157,11 @@ def _repair_item(queue: Queue, item_id: str, found: list[FoundFile], report: Rep
         with contextlib.suppress(OSError):
             os.unlink(loser.path)
             report.stale_files_removed += 1
+    recorded = Status(record.get("status") or Status.PENDING)
+    if recorded.is_terminal and state is not State.DONE:
+        state = _move(queue, item_id, state, State.DONE, report)  # the rename was lost
+    elif not recorded.is_terminal and state is State.DONE:
+        state = _move(queue, item_id, state, State.PROCESSING, report)  # the verdict was lost
     status = _expected_status(state, record)
     row = Item.objects.filter(id=item_id).first()
     if row is not None and row.status == status and row.rev == int(record.get("rev", 0)):
@@ -140,8 +174,8 @@ def _repair_item(queue: Queue, item_id: str, found: list[FoundFile], report: Rep
     ):
         # A claim renamed the file but never committed, so never answered: no worker holds
         # the item. Undo the rename rather than count (and maybe die of) an unseen claim.
-        with contextlib.suppress(StoreError):
-            st.move(queue.name, item_id, State.PROCESSING, State.PENDING, durable=True)
+        with contextlib.suppress(OSError):
+            _move(queue, item_id, State.PROCESSING, State.PENDING, report)
             report.rows_corrected += 1
             log.info("repair: %s/%s claim never committed, back in pending", queue.name, item_id)
         return
@@ -160,6 +194,16 @@ def _repair_item(queue: Queue, item_id: str, found: list[FoundFile], report: Rep
     else:
         report.rows_corrected += 1
     log.info("repair: %s/%s indexed as %s", queue.name, item_id, status)
+
+
+def _move(queue: Queue, item_id: str, src: State, dst: State, report: RepairReport) -> State:
+    st = store()
+    os.rename(st.item_path(queue.name, src, item_id), st.item_path(queue.name, dst, item_id))
+    report.files_moved += 1
+    log.info(
+        "repair: %s/%s moved from %s to %s, as its last line says", queue.name, item_id, src, dst
+    )
+    return dst
 
 
 def _time(value: Any) -> Any:
@@ -251,3 +295,13 @@ def rebuild_threads(queue: Queue) -> int:
             )
             rebuilt += 1
         return rebuilt
+
+
+def recount(queue: Queue) -> None:
+    """Set the queue's counts from its rows (all on shard 0)."""
+    with transaction.atomic():
+        QueueCount.objects.filter(queue=queue).delete()
+        QueueCount.objects.bulk_create(
+            QueueCount(queue=queue, status=entry["status"], shard=0, n=entry["n"])
+            for entry in Item.objects.filter(queue=queue).values("status").annotate(n=Count("id"))
+        )

@@ -1,7 +1,7 @@
 """Reads of threads (the seed ``000``): each live thread's head, member count and processing
 member, and its members in head order.
 
-Thread rows are maintained by the transitions themselves (``common.settle_thread``); this
+Thread rows are maintained by every group commit (``group.Group._settle_threads``); this
 module only reads them.
 """
 
@@ -14,7 +14,7 @@ from django.db.models import Q
 from ..errors import NotFound
 from ..models import Item, Queue, Thread
 from ..status import Status
-from .common import first_pending_member
+from .rows import first_pending_member
 
 
 @dataclass(frozen=True)

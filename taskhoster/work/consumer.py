@@ -10,6 +10,10 @@ dispatcher deals it nothing more and nothing more is sent on it; the frames the 
 before it closed are still applied in order (its last results count); then ``_end`` runs
 exactly once and re-queues everything the socket still holds. A send never raises out of
 the consumer: a socket that cannot be written to is treated as gone.
+
+Frames are answered in order, but not one at a time: each ``result``, ``fail`` or ``extend``
+is handed to the engine at once (so one socket's frames share group commits), and its
+answer goes into ``outbox``; one task sends the answers in the order the frames came.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable
 from typing import Any, NamedTuple
 
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -45,6 +50,7 @@ CLOSE_ABUSE = 4429
 ABUSE_WINDOW_SECONDS = 10.0
 ABUSE_ERRORS = 100
 MAX_SUBSCRIBED_QUEUES = 100
+MAX_JSON_GROWTH = 8  # "1e9" (3 characters) comes back as "1000000000.0"
 
 FIELDS = {
     "subscribe": ({"type", "queues", "capacity"}, {"type", "queues", "capacity"}),
@@ -59,6 +65,10 @@ class Held(NamedTuple):
 
     lease: str
     queue: str
+    queue_id: int
+
+
+Answer = Awaitable[dict[str, Any] | None]
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
@@ -87,6 +97,8 @@ class WorkConsumer(AsyncWebsocketConsumer):
         self.dispatcher: Dispatcher | None = None
         self.errors: list[float] = []
         self.ending: asyncio.Future[None] | None = None
+        self.outbox: asyncio.Queue[Answer] = asyncio.Queue()
+        self.frame_bytes = 0
         # Items this socket was told to cancel: a result for one of them is acked
         # accepted: false (rule 9), not answered with an error for an unknown id.
         self.cancelled: deque[str] = deque(maxlen=1000)
@@ -103,6 +115,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
         self.dispatcher.socket_opened(self)
         inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         reader = asyncio.ensure_future(self._read(receive, inbox))
+        sender = asyncio.ensure_future(self._send_answers())
         try:
             await super().__call__(scope, inbox.get, send)
         except Exception:
@@ -111,6 +124,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
         finally:
             reader.cancel()
             await asyncio.shield(self._end())
+            sender.cancel()
 
     async def _read(self, receive: Any, inbox: asyncio.Queue[dict[str, Any]]) -> None:
         while True:
@@ -173,16 +187,18 @@ class WorkConsumer(AsyncWebsocketConsumer):
 
     async def _requeue_held(self) -> None:
         held, self.held = self.held, {}
-        for item_id, holding in held.items():
-            try:
-                await run_sync(
-                    engine.requeue_held,
-                    item_id=item_id,
-                    lease=holding.lease,
-                    cause=engine.WORKER_DISCONNECTED,
+        answers = await asyncio.gather(
+            *(
+                engine.requeue_held_async(
+                    item_id=item_id, lease=holding.lease, cause=engine.WORKER_DISCONNECTED
                 )
-            except Exception:
-                log.exception("could not re-queue %s after its socket closed", item_id)
+                for item_id, holding in held.items()
+            ),
+            return_exceptions=True,
+        )
+        for item_id, answer in zip(held, answers, strict=True):
+            if isinstance(answer, BaseException):
+                log.error("could not re-queue %s after its socket closed: %s", item_id, answer)
 
     # -- frames in -------------------------------------------------------------------------
 
@@ -192,20 +208,62 @@ class WorkConsumer(AsyncWebsocketConsumer):
         message: dict[str, Any] = {}
         try:
             message = self._parse(text_data, bytes_data)
+            self.frame_bytes = len(text_data or "")
             kind = message["type"]
-            await getattr(self, f"_on_{kind}")(message)
+            if kind == "subscribe":
+                await self._on_subscribe(message)
+                return
+            answer: Answer = getattr(self, f"_on_{kind}")(message)
         except TaskhosterError as exc:
-            # An error answers its frame in the ack's place; it names the item when it can.
-            await self._error(exc.code, exc.message, item_id=message.get("id"))
+            answer = _now(self._error_frame(exc, message.get("id")))
         except Exception:
-            item_id = message.get("id")
-            log.exception(
-                "socket frame %r for item %s failed; closing the socket",
-                message.get("type"),
-                item_id,
-            )
-            await self._error("internal", "the server could not handle this frame", item_id=item_id)
-            await self._close(CLOSE_SERVER_ERROR)
+            answer = _now(self._failed(message))
+        self.outbox.put_nowait(self._guarded(answer, message))
+
+    async def _guarded(self, answer: Answer, message: dict[str, Any]) -> dict[str, Any] | None:
+        """A frame's answer; an error takes the ack's place (naming the item when it can)."""
+        try:
+            return await answer
+        except TaskhosterError as exc:
+            return self._error_frame(exc, message.get("id"))
+        except Exception:
+            return self._failed(message)
+
+    def _error_frame(self, exc: TaskhosterError, item_id: Any) -> dict[str, Any]:
+        frame = {"type": "error", "code": exc.code, "message": exc.message}
+        if is_valid_id(item_id):
+            frame["id"] = item_id
+        return frame
+
+    def _failed(self, message: dict[str, Any]) -> dict[str, Any]:
+        """An unexpected exception while handling a frame: log it with the item, and answer
+        with an ``internal`` error, after which the sender closes the socket."""
+        log.exception(
+            "socket frame %r for item %s failed; closing the socket",
+            message.get("type"),
+            message.get("id"),
+        )
+        frame = {
+            "type": "error",
+            "code": "internal",
+            "message": "the server could not handle this frame",
+        }
+        if is_valid_id(message.get("id")):
+            frame["id"] = message["id"]
+        return frame
+
+    async def _send_answers(self) -> None:
+        """Send each frame's answer in the order the frames came."""
+        while True:
+            frame = await (await self.outbox.get())
+            if frame is None:
+                continue
+            if frame["type"] != "error":
+                await self._send(frame)
+                continue
+            await self._error(frame["code"], frame["message"], item_id=frame.get("id"))
+            if frame["code"] == "internal":
+                await self._close(CLOSE_SERVER_ERROR)
 
     def _parse(self, text_data: str | None, bytes_data: bytes | None) -> dict[str, Any]:
         if text_data is None:
@@ -234,6 +292,14 @@ class WorkConsumer(AsyncWebsocketConsumer):
         return message
 
     async def _on_subscribe(self, message: dict[str, Any]) -> None:
+        try:
+            await self._subscribe(message)
+        except TaskhosterError as exc:
+            self.outbox.put_nowait(_now(self._error_frame(exc, None)))
+        except Exception:
+            self.outbox.put_nowait(_now(self._failed(message)))
+
+    async def _subscribe(self, message: dict[str, Any]) -> None:
         queues, capacity = message["queues"], message["capacity"]
         if (
             not isinstance(queues, list)
@@ -268,28 +334,32 @@ class WorkConsumer(AsyncWebsocketConsumer):
         assert self.dispatcher is not None
         self.dispatcher.register(self)
 
-    async def _on_result(self, message: dict[str, Any]) -> None:
+    def _on_result(self, message: dict[str, Any]) -> Answer:
         item_id = message["id"]
-        _check_size(message["result"], "result")
-        # Free the slot first, so the verdict's own news is not taken for a cancel.
+        if self.frame_bytes * MAX_JSON_GROWTH > get_conf().max_payload_bytes:
+            # A result re-serialised can outgrow its frame (``1e9`` -> ``1000000000.0``):
+            # measure it, unless the frame is too small for that to matter.
+            _check_size(message["result"], "result")
+        # Free the slot first, so the verdict's own news is not taken for a cancel, and so
+        # the claim for the freed slot can join the same group as this result.
         self.held.pop(item_id, None)
+        verdict = asyncio.ensure_future(
+            engine.submit_result_async(item_id=item_id, result=message["result"])
+        )
+        self._slot_freed()
+        return self._result_ack(item_id, verdict)
+
+    async def _result_ack(self, item_id: str, verdict: Awaitable[engine.Verdict]) -> dict[str, Any]:
         try:
-            verdict = await run_sync(
-                engine.submit_result, item_id=item_id, result=message["result"]
-            )
+            answer = await verdict
         except ItemNotFound:
             if item_id not in self.cancelled:
                 raise
-            await self._send({"type": "ack", "id": item_id, "accepted": False})
-            return
-        finally:
-            self._slot_freed()
+            return {"type": "ack", "id": item_id, "accepted": False}
         raise_if_armed("socket.result")
-        await self._send(
-            {"type": "ack", "id": item_id, "accepted": verdict.accepted, "status": verdict.status}
-        )
+        return {"type": "ack", "id": item_id, "accepted": answer.accepted, "status": answer.status}
 
-    async def _on_fail(self, message: dict[str, Any]) -> None:
+    def _on_fail(self, message: dict[str, Any]) -> Answer:
         item_id = message["id"]
         error, retry = message.get("error"), message.get("retry", True)
         if error is not None and (not isinstance(error, str) or len(error) > 10_000):
@@ -300,20 +370,19 @@ class WorkConsumer(AsyncWebsocketConsumer):
             raise InvalidInput("retry must be true or false", code="invalid_retry")
         holding = self.held.pop(item_id, None)
         if holding is None:
-            await self._send({"type": "ack", "id": item_id, "accepted": False})
-            return
-        try:
-            verdict = await run_sync(
-                engine.fail, item_id=item_id, lease=holding.lease, error=error, retry=retry
-            )
-        finally:
-            self._slot_freed()
-        raise_if_armed("socket.fail")
-        await self._send(
-            {"type": "ack", "id": item_id, "accepted": verdict.accepted, "status": verdict.status}
+            return _now({"type": "ack", "id": item_id, "accepted": False})
+        verdict = asyncio.ensure_future(
+            engine.fail_async(item_id=item_id, lease=holding.lease, error=error, retry=retry)
         )
+        self._slot_freed()
+        return self._fail_ack(item_id, verdict)
 
-    async def _on_extend(self, message: dict[str, Any]) -> None:
+    async def _fail_ack(self, item_id: str, verdict: Awaitable[engine.Verdict]) -> dict[str, Any]:
+        answer = await verdict
+        raise_if_armed("socket.fail")
+        return {"type": "ack", "id": item_id, "accepted": answer.accepted, "status": answer.status}
+
+    def _on_extend(self, message: dict[str, Any]) -> Answer:
         item_id, seconds = message["id"], message.get("seconds")
         if seconds is not None and (
             isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0
@@ -321,23 +390,26 @@ class WorkConsumer(AsyncWebsocketConsumer):
             raise InvalidInput("seconds must be a positive number", code="invalid_seconds")
         holding = self.held.get(item_id)
         if holding is None:
-            await self._send({"type": "ack", "id": item_id, "accepted": False})
-            return
-        accepted, row = await run_sync(
-            engine.extend, item_id=item_id, lease=holding.lease, seconds=seconds
+            return _now({"type": "ack", "id": item_id, "accepted": False})
+        extended = asyncio.ensure_future(
+            engine.extend_async(item_id=item_id, lease=holding.lease, seconds=seconds)
         )
+        return self._extend_ack(item_id, holding, extended)
+
+    async def _extend_ack(
+        self, item_id: str, holding: Held, extended: Awaitable[tuple[bool, engine.ItemRow]]
+    ) -> dict[str, Any]:
+        accepted, row = await extended
         if not accepted and self.held.get(item_id) == holding:
             del self.held[item_id]  # the lease lapsed and was re-queued: not ours now
             self._slot_freed()
         raise_if_armed("socket.extend")
-        await self._send(
-            {
-                "type": "ack",
-                "id": item_id,
-                "accepted": accepted,
-                "leaseExpiresAt": to_wire(row.lease_expires_at) if accepted else None,
-            }
-        )
+        return {
+            "type": "ack",
+            "id": item_id,
+            "accepted": accepted,
+            "leaseExpiresAt": to_wire(row.lease_expires_at) if accepted else None,
+        }
 
     def _slot_freed(self) -> None:
         if self.dispatcher is not None and not self.closed:
@@ -351,24 +423,12 @@ class WorkConsumer(AsyncWebsocketConsumer):
         row = claimed.row
         if self.closed or row.lease is None:
             return False
-        queue = row.queue.name
-        self.held[row.id] = Held(row.lease, queue)
-        sent = await self._send(
-            {
-                "type": "item",
-                "id": row.id,
-                "queue": queue,
-                "payload": claimed.payload,
-                "attempts": row.attempts,
-                "threadId": row.thread_id,
-                "scheduledAt": to_wire(row.scheduled_at),
-                "leaseExpiresAt": to_wire(row.lease_expires_at),
-                "lease": row.lease,
-            }
-        )
-        if not sent:
+        self.held[row.id] = Held(row.lease, row.queue_name, row.queue_id)
+        frame = {"type": "item", **engine.item_json(row, payload=claimed.payload, lease=row.lease)}
+        if not await self._send(frame):
             self.held.pop(row.id, None)
-        return sent
+            return False
+        return True
 
     async def cancel(self, item_id: str, reason: str) -> None:
         self.cancelled.append(item_id)
@@ -414,6 +474,13 @@ class WorkConsumer(AsyncWebsocketConsumer):
                 await self.close(code=code)
             except Exception as exc:
                 log.warning("could not close a socket cleanly: %s", exc)
+
+
+def _now(frame: dict[str, Any]) -> Answer:
+    """An answer already known."""
+    done: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
+    done.set_result(frame)
+    return done
 
 
 def _live_queue_names(names: list[str]) -> list[str]:

@@ -99,6 +99,15 @@ class Dispatcher:
     def _news(self, kind: str, queue: str, item_id: str) -> None:
         if kind == "claimable":
             self.wake(queue)
+        elif kind == engine.QUEUE_DELETED:
+            # ``item_id`` carries the deleted queue's id: a queue of the same name made since
+            # is another queue, whose items stay.
+            for worker in list(self.workers):
+                for held_id, holding in list(worker.held.items()):
+                    if str(holding.queue_id) == item_id:
+                        worker.held.pop(held_id, None)
+                        self.loop.create_task(worker.cancel(held_id, "deleted"))
+                self.wake_worker(worker)
         elif kind.startswith("removed:"):
             reason = kind.split(":", 1)[1]
             for worker in list(self.workers):
@@ -165,7 +174,7 @@ class Dispatcher:
                     worker.reserved += share
                     total += share
                 try:
-                    claimed = await run_sync(engine.claim, queue_name=queue, max_items=total)
+                    claimed = await engine.claim_async(queue_name=queue, max_items=total)
                 except QueueNotFound:
                     claimed = []
                 except Exception:
@@ -196,8 +205,8 @@ class Dispatcher:
                 # No socket took it (they closed meanwhile): it never reached a worker, so it
                 # goes back without costing it an attempt.
                 try:
-                    await run_sync(
-                        engine.release_unsent, item_id=item.row.id, lease=item.row.lease or ""
+                    await engine.release_unsent_async(
+                        item_id=item.row.id, lease=item.row.lease or ""
                     )
                 except Exception:
                     log.exception("could not give back %s, which no socket took", item.row.id)

@@ -9,13 +9,12 @@ while no member is processing).
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 
 from taskhoster.models import Item, Thread
 from taskhoster.status import LIVE_STATUSES, State, Status
-from taskhoster.store import QUEUE_NAME_PATTERN
+from taskhoster.store import QUEUE_NAME_PATTERN, decode
 
 STATES = tuple(s.value for s in State)
 
@@ -44,7 +43,7 @@ def temporaries(root: Path) -> list[Path]:
 
 
 def read_file(root: Path, queue: str, state: str, item_id: str) -> dict:
-    return json.loads((root / queue / state / f"{item_id}.json").read_text())
+    return decode((root / queue / state / f"{item_id}.json").read_bytes())[0]
 
 
 def assert_index_matches_directories(root: Path) -> None:

@@ -17,6 +17,7 @@ import yaml
 from django.db import connection
 from rest_framework.test import APIClient
 
+from taskhoster import engine
 from taskhoster.models import Item, Queue
 
 ITEM_FIELDS = {
@@ -253,13 +254,20 @@ def test_delete_queue_removes_its_items_and_its_directory(api, q, make_queue, st
     assert api.get("/api/queues/q").status_code == 404
     for item_id in ids:
         assert api.get(f"/api/items/{item_id}").status_code == 404
-    assert not Item.objects.filter(id__in=ids).exists()
-    assert not Queue.objects.filter(name="q").exists()
-    assert not (state_root / "q").exists()
+    assert not (state_root / "q").exists()  # out of the namespace at once
     assert [x["name"] for x in ok(api.get("/api/queues"))] == ["keep"]
     assert get(api, kept["id"])["payload"] == "kept"
-    recreated = ok(api.put("/api/queues/q", {}, format="json"), 201)
+    recreated = ok(api.put("/api/queues/q", {}, format="json"), 201)  # the name is free
     assert recreated["counts"] == NO_COUNTS
+    for item_id in ids:
+        assert api.get(f"/api/items/{item_id}").status_code == 404
+    # Rows and files are reclaimed behind it (after the commit, in the background; here,
+    # inside the test's transaction, by hand).
+    engine.reclaim_deleted_queues()
+    assert not Item.objects.filter(id__in=ids).exists()
+    assert Queue.objects.filter(name="q").count() == 1
+    assert not any((state_root / ".trash").iterdir())
+    assert get(api, kept["id"])["payload"] == "kept"
 
 
 # -- posting -----------------------------------------------------------------------------------

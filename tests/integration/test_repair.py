@@ -20,6 +20,7 @@ import pytest
 from taskhoster import engine
 from taskhoster.models import Item, Queue, Thread
 from taskhoster.status import Status
+from taskhoster.store import encode_line
 from taskhoster.timeutil import now as utcnow
 from taskhoster.timeutil import to_wire
 
@@ -196,7 +197,7 @@ def test_sweep_repair_command_restores_a_lost_index_and_requeues_lost_claims(
 def _write_copy(root: Path, item_id: str, state: str, rev: int, **changes: Any) -> None:
     record = read_file(root, "main", "pending", item_id)
     record.update(rev=rev, **changes)
-    (root / "main" / state / f"{item_id}.json").write_text(json.dumps(record))
+    (root / "main" / state / f"{item_id}.json").write_bytes(encode_line(record))
 
 
 @pytest.mark.django_db
@@ -380,7 +381,8 @@ def test_repair_undoes_a_claim_that_never_committed(state_root: Path):
 
 
 @pytest.mark.django_db
-def test_repair_leaves_an_unreadable_file_in_place_and_reports_it(state_root: Path):
+def test_repair_quarantines_an_unreadable_file_and_reports_it(state_root: Path):
+    # A new file whose data a power cut lost before its group's flush: never acknowledged.
     engine.upsert_queue(name="main", body={})
     good = post(payload="a")
     bad = state_root / "main" / "pending" / "0000000000000000bad000.json"
@@ -388,6 +390,8 @@ def test_repair_leaves_an_unreadable_file_in_place_and_reports_it(state_root: Pa
 
     report = engine.repair(grace_seconds=0)
 
-    assert report.unreadable_files == [str(bad)]
-    assert bad.exists()
+    assert len(report.unreadable_files) == 1
+    assert report.unreadable_files[0].startswith(str(bad))
+    assert not bad.exists()
+    assert (state_root / ".quarantine" / "main.pending.0000000000000000bad000.json").exists()
     assert set(Item.objects.values_list("id", flat=True)) == {good}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from taskhoster import engine
 from taskhoster.engine import Claimed, NewItem
 from taskhoster.models import Item, Thread
 from taskhoster.status import State
+from taskhoster.store import decode
 from taskhoster.timeutil import now as utcnow
 
 __all__ = ["Claimed", "NewItem", "utcnow"]
@@ -50,7 +50,7 @@ def states_on_disk(root: Path, queue: str, item_id: str) -> list[str]:
 def file_record(root: Path, queue: str, item_id: str) -> dict[str, Any]:
     where = states_on_disk(root, queue, item_id)
     assert len(where) == 1, where
-    return dict(json.loads((root / queue / where[0] / f"{item_id}.json").read_text()))
+    return decode((root / queue / where[0] / f"{item_id}.json").read_bytes())[0]
 
 
 def after(moment: datetime | None, seconds: float = 0.0) -> datetime:

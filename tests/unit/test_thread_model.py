@@ -184,7 +184,7 @@ class ThreadMachine(RuleBasedStateMachine):
         assert not Item.objects.exists()
         assert not Thread.objects.exists()
         assert not Queue.objects.exists()
-        assert not any(self.root.glob("*/*/*.json"))
+        assert not any(self.root.glob("*/*/*.json")), list(self.root.glob("*/*/*.json"))
         self.queue = f"model-{next(self.examples)}"
         # maxAttempts is set again by the ``set_max_attempts`` initializer.
         self.queue_id = engine.upsert_queue(
@@ -206,6 +206,7 @@ class ThreadMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         engine.delete_queue(queue_name=self.queue)
+        engine.reclaim_deleted_queues()  # (in the background after a commit; here, now)
         Queue.objects.all().delete()  # nothing else may leak into the next example
 
     def with_status(self, *statuses: str) -> list[MItem]:

@@ -1,0 +1,172 @@
+"""Group commit: one committer per process gathers operations into groups.
+
+Callers from any thread (HTTP requests, the ``/work`` sockets' event loop, the sweep) hand
+an operation to ``execute`` or ``execute_async``. The committer thread takes everything
+queued, runs it as one group (``group.Group``: one transaction, one flush of the item files),
+and answers each caller. Whatever arrives while a group runs joins the next one. Nothing
+waits on a timer: a lone operation is committed at once (latency); under load, a crowd
+shares one transaction and one flush (throughput).
+
+A caller inside a database transaction of its own (``transaction.atomic``) runs its operation
+right there, as a group of one, so it commits (and announces) with the caller's transaction.
+
+If a group fails as a whole (a database error, a lost race on an idempotency key), it is
+run again, and then each operation alone, so one bad member only fails itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import threading
+from collections import deque
+from typing import Any, TypeVar
+
+from django.db import DatabaseError, IntegrityError, OperationalError, connection
+
+from ..errors import TaskhosterError
+from .common import store
+from .group import Group
+from .ops import Op
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MAX_GROUP_ITEMS = 2000
+IDLE_CLOSE_SECONDS = 2.0
+COUNT_SHARDS = 16
+
+
+def run_group(ops: list[Op], shard: int) -> None:
+    """Run ``ops`` as one group and answer them; never raises."""
+    for attempt in range(3):
+        group = Group(ops, store(), shard)
+        try:
+            group.run()
+        except TaskhosterError as exc:
+            for op in ops:
+                if not op.future.done():
+                    op.future.set_exception(exc)
+            return
+        except IntegrityError as exc:
+            # A concurrent post (another process) took one of our keys: run it again, and
+            # it finds that item; a second failure is not a lost race, so isolate it.
+            if len(ops) > 1:
+                _one_by_one(ops, shard)
+                return
+            if attempt == 2:
+                ops[0].future.set_exception(exc)
+                return
+            continue
+        except OperationalError as exc:
+            # A dropped connection or a lock that timed out: a fresh connection, once more.
+            log.warning("group of %d failed (%s); trying again", len(ops), exc)
+            if not connection.in_atomic_block:
+                connection.close()
+            if attempt == 2:
+                _fail_all(ops, exc)
+                return
+            continue
+        except Exception as exc:
+            if len(ops) > 1:
+                log.exception("group of %d failed; running its members one by one", len(ops))
+                _one_by_one(ops, shard)
+                return
+            log.exception("operation %r failed", ops[0])
+            _fail_all(ops, exc)
+            return
+        group.settle_futures()
+        return
+
+
+def _one_by_one(ops: list[Op], shard: int) -> None:
+    for op in ops:
+        run_group([op], shard)
+
+
+def _fail_all(ops: list[Op], exc: BaseException) -> None:
+    for op in ops:
+        if not op.future.done():
+            op.future.set_exception(exc)
+
+
+class Committer:
+    """The committer thread of this process."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.queue: deque[Op] = deque()
+        self.thread: threading.Thread | None = None
+        self.pid = os.getpid()
+        self.shard = random.randrange(COUNT_SHARDS)
+
+    def submit(self, op: Op) -> Any:
+        with self.cond:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(
+                    target=self._loop, name="taskhoster-committer", daemon=True
+                )
+                self.thread.start()
+            self.queue.append(op)
+            self.cond.notify()
+        return op.future
+
+    def _take(self) -> list[Op] | None:
+        with self.cond:
+            if not self.queue:
+                self.cond.wait(IDLE_CLOSE_SECONDS)
+            if not self.queue:
+                return None
+            group: list[Op] = []
+            size = 0
+            while self.queue and (not group or size + self.queue[0].size <= MAX_GROUP_ITEMS):
+                op = self.queue.popleft()
+                group.append(op)
+                size += op.size
+            return group
+
+    def _loop(self) -> None:
+        while True:
+            group = self._take()
+            if group is None:
+                # Idle: give the connection back (a pool, or a test database to drop).
+                with contextlib.suppress(DatabaseError):
+                    connection.close()
+                continue
+            try:
+                run_group(group, self.shard)
+            except BaseException:  # run_group never raises; keep the committer alive anyway
+                log.exception("the committer failed on a group")
+                _fail_all(group, RuntimeError("the committer failed"))
+
+
+_committer: Committer | None = None
+_lock = threading.Lock()
+
+
+def committer() -> Committer:
+    global _committer
+    with _lock:
+        if _committer is None or _committer.pid != os.getpid():
+            _committer = Committer()
+        return _committer
+
+
+def execute(op: Op) -> Any:
+    """Run ``op`` in the next group and return its answer (or raise its error).
+
+    Inside the caller's own transaction it runs there and then, as a group of one.
+    """
+    if connection.in_atomic_block:
+        run_group([op], committer().shard)
+    else:
+        committer().submit(op)
+    return op.future.result()
+
+
+async def execute_async(op: Op) -> Any:
+    """The same for a caller on an event loop: it waits without blocking the loop."""
+    return await asyncio.wrap_future(committer().submit(op))

@@ -1,0 +1,207 @@
+"""The requests a group commit carries, and their answers.
+
+Every change to an item is one of these operations. Callers build one and hand it to
+``committer.execute`` (or ``execute_async``); it joins the next group, and its own answer
+(or its own error) comes back on ``future``. A single-item call is a group of one: there is
+no second implementation of any rule.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ..store import Staged
+from .rows import ItemRow
+
+
+@dataclass(frozen=True)
+class NewItem:
+    """What a producer asks to post, already validated for shape."""
+
+    payload: Any
+    thread_id: str | None = None
+    scheduled_at: datetime | None = None
+    delay_seconds: float | None = None
+    key: str | None = None
+    origin: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Posted:
+    row: ItemRow
+    payload: Any
+    created: bool
+
+
+@dataclass(frozen=True)
+class Claimed:
+    row: ItemRow
+    payload: Any
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: bool
+    status: str | None
+    row: ItemRow | None = None
+
+
+@dataclass(eq=False)
+class Op:
+    """One request in a group. ``size`` is how many items it may touch (for group limits)."""
+
+    future: Future[Any] = field(default_factory=Future, init=False, repr=False, compare=False)
+
+    @property
+    def size(self) -> int:
+        return 1
+
+
+@dataclass(eq=False)
+class Post(Op):
+    """Rule 1. ``rows[i]`` and ``staged[i]`` are ``items[i]``'s new row and its file, made
+    before the group by ``group.prepare_post``."""
+
+    queue_name: str
+    items: list[NewItem]
+    rows: list[ItemRow]
+    staged: list[Staged]
+
+    @property
+    def size(self) -> int:
+        return len(self.items)
+
+
+@dataclass(eq=False)
+class Claim(Op):
+    """Rule 2: up to ``max_items`` claimable items of a queue, under new leases."""
+
+    queue_name: str
+    max_items: int
+
+    @property
+    def size(self) -> int:
+        return self.max_items
+
+
+@dataclass(eq=False)
+class ItemOp(Op):
+    """An operation on items that already exist."""
+
+    def item_ids(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+
+@dataclass(eq=False)
+class Result(ItemOp):
+    """Rule 3: the first result for a non-terminal item wins."""
+
+    item_id: str
+    result: Any
+
+    def item_ids(self) -> tuple[str, ...]:
+        return (self.item_id,)
+
+
+@dataclass(eq=False)
+class Fail(ItemOp):
+    """Rule 4: the lease holder failed; retry with backoff, or die."""
+
+    item_id: str
+    lease: str | None
+    error: str | None
+    retry: bool = True
+
+    def item_ids(self) -> tuple[str, ...]:
+        return (self.item_id,)
+
+
+@dataclass(eq=False)
+class Extend(ItemOp):
+    """Rule 5: push the lease out."""
+
+    item_id: str
+    lease: str | None
+    seconds: float | None = None
+
+    def item_ids(self) -> tuple[str, ...]:
+        return (self.item_id,)
+
+
+@dataclass(eq=False)
+class Requeue(ItemOp):
+    """Rule 6, socket drop: back to pending (or die) if still held under ``lease``."""
+
+    item_id: str
+    lease: str
+    cause: str
+
+    def item_ids(self) -> tuple[str, ...]:
+        return (self.item_id,)
+
+
+@dataclass(eq=False)
+class Release(ItemOp):
+    """Undo a claim whose push never reached a worker: no attempt is counted."""
+
+    item_id: str
+    lease: str
+
+    def item_ids(self) -> tuple[str, ...]:
+        return (self.item_id,)
+
+
+@dataclass(eq=False)
+class Sweep(ItemOp):
+    """The sweep's clocks on a chunk of items, each re-checked under the lock:
+    ``lapse`` (rule 6), ``timeout`` (rule 8), ``retain`` (rule 11). Answers how many changed."""
+
+    clock: str
+    ids: tuple[str, ...]
+    at: datetime
+
+    def item_ids(self) -> tuple[str, ...]:
+        return self.ids
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(eq=False)
+class Delete(ItemOp):
+    """Rule 9 for each id (in ``queue_id`` only, when given). Answers how many went."""
+
+    ids: tuple[str, ...]
+    queue_id: int | None = None
+
+    def item_ids(self) -> tuple[str, ...]:
+        return self.ids
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(eq=False)
+class Restart(ItemOp):
+    """Rule 10: a failed item becomes a brand-new arrival."""
+
+    item_id: str
+
+    def item_ids(self) -> tuple[str, ...]:
+        return (self.item_id,)
+
+
+@dataclass(eq=False)
+class MarkFetched(ItemOp):
+    """A producer read a terminal item: its ``fetched`` retention clock starts."""
+
+    item_id: str
+    at: datetime
+
+    def item_ids(self) -> tuple[str, ...]:
+        return (self.item_id,)
