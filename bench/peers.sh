@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Taskhoster beside two peers of the shared peer benchmark, in one run. See bench/README.md.
+#   usage: bench/peers.sh [ROUNDS]        (default ROUNDS=1)
+#   env:   BENCH_N, BENCH_W, BENCH_RATE, BENCH_DUR, BENCH_BATCH, BENCH_PHASE_TIMEOUT
+#            passed through to every peer (see ../shared/peers/common.py)
+#          BENCH_OUT        results folder (default /tmp/peers-results-taskhoster; emptied first)
+#          PEERS="taskhoster huey-sqlite"   a subset (names as in ALL below)
+#          PEER_TIMEOUT     seconds per peer run before `timeout` stops it (default 1500)
+#          TASKHOSTER_ARGS  more options for bench/peer_taskhoster.py (e.g. "--no-fsync")
+#          PEERS_DIR        the shared benchmark (default ../shared/peers from the repository)
+# Sets up what ../shared/peers/run_all.sh sets up (/tmp/peers-venv, beanstalkd, redis-server),
+# then runs the peers interleaved (round 1: every peer, round 2: every peer, ...), each under
+# `timeout -k 30`, and prints the shared report's table. Ctrl-C or SIGTERM stops the peer that
+# is running (it cleans up and writes what it has) and prints the table so far.
+set -euo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+PEERS_DIR="$(cd "${PEERS_DIR:-$REPO/../shared/peers}" && pwd)"
+export PEERS_VENV="${PEERS_VENV:-/tmp/peers-venv}"
+PY="$PEERS_VENV/bin/python"
+TPY="$REPO/.venv/bin/python"
+ROUNDS="${1:-1}"
+PEER_TIMEOUT="${PEER_TIMEOUT:-1500}"
+RES="${BENCH_OUT:-/tmp/peers-results-taskhoster}"
+export BENCH_OUT="$RES"
+
+# ---- setup (as run_all.sh, plus the project's venv) --------------------------------------
+if [ ! -x "$PY" ]; then python3 -m venv "$PEERS_VENV"; fi
+"$PY" -m pip install -q --disable-pip-version-check -r "$PEERS_DIR/requirements.txt"
+if ! command -v redis-server >/dev/null || ! command -v beanstalkd >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server beanstalkd
+fi
+if [ ! -x "$TPY" ]; then (cd "$REPO" && source scripts/_venv.sh dev); fi
+
+# ---- peers: name | command (run from $PEERS_DIR) ------------------------------------------
+ALL=(
+  "beanstalkd-binlog-f0|$PY beanstalk_bench.py binlog-f0"
+  "huey-sqlite|$PY huey_bench.py sqlite"
+  "taskhoster|$TPY $REPO/bench/peer_taskhoster.py --peers-dir $PEERS_DIR ${TASKHOSTER_ARGS:-}"
+)
+SEL="${PEERS:-}"
+mkdir -p "$RES"
+rm -f "$RES"/*.json "$RES"/*.log
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "host: $(nproc) cpus, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+  echo "mem:  $(free -m | awk '/Mem:/{print $2" MiB"}')"
+  echo "kernel: $(uname -r); debian $(cat /etc/debian_version); $("$PY" -V)"
+  echo "sqlite: $("$PY" -c 'import sqlite3;print(sqlite3.sqlite_version)')"
+  echo "redis: $(redis-server --version | awk '{print $3}'); beanstalkd: $(beanstalkd -v | awk '{print $2}')"
+  echo "taskhoster: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?'); $("$TPY" -V)"
+  echo "data dir: ${BENCH_DATA:-/tmp/peers-bench-data} on $(df -T "${BENCH_DATA:-/tmp}" 2>/dev/null | awk 'NR==2{print $2}')"
+  echo "rounds: $ROUNDS; N=${BENCH_N:-20000} W=${BENCH_W:-2}"
+} | tee "$RES/machine.txt"
+
+report() {
+  echo
+  "$PY" "$PEERS_DIR/report.py" "$RES" | tee "$RES/table.md"
+}
+
+CHILD=""
+stop() {
+  trap - INT TERM
+  if [ -n "$CHILD" ]; then
+    kill -TERM "$CHILD" 2>/dev/null || true # timeout passes it on to the peer
+    wait "$CHILD" 2>/dev/null || true
+  fi
+  echo "stopped" >&2
+  report
+  exit 130
+}
+trap stop INT TERM
+
+cd "$PEERS_DIR"
+for run in $(seq 1 "$ROUNDS"); do
+  for entry in "${ALL[@]}"; do
+    IFS='|' read -r name cmd <<<"$entry"
+    if [ -n "$SEL" ] && [[ " $SEL " != *" $name "* ]]; then continue; fi
+    echo "== $name run $run ($(date -u +%T))" >&2
+    # shellcheck disable=SC2086
+    env BENCH_RUN="$run" timeout -k 30 "$PEER_TIMEOUT" $cmd >>"$RES/$name.log" 2>&1 &
+    CHILD=$!
+    if ! wait "$CHILD"; then
+      echo "   $name run $run FAILED (see $RES/$name.log)" >&2
+    fi
+    CHILD=""
+  done
+done
+
+report
