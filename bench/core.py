@@ -676,7 +676,9 @@ def print_queries(found: dict[str, list[str]]) -> None:
 
 
 class Profiler:
-    def __init__(self, pid: int, out: Path, seconds: float, rate: int) -> None:
+    def __init__(self, pid: int, out: Path, seconds: float, rate: int, gil: bool = False) -> None:
+        """py-spy on ``pid``; with ``gil``, only the thread holding the GIL is sampled (where
+        the interpreter's time goes), else every thread, idle ones included."""
         exe = shutil.which(
             "py-spy",
             path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
@@ -694,7 +696,7 @@ class Profiler:
                 "--rate",
                 str(rate),
                 "--threads",
-                "--idle",
+                "--gil" if gil else "--idle",
                 "--format",
                 "raw",
                 "--duration",

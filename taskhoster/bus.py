@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -27,7 +28,7 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,21 +37,27 @@ from .conf import get_conf
 log = logging.getLogger(__name__)
 ORIGIN = f"{os.getpid()}-{secrets.token_hex(4)}"
 REDIS_CHANNEL = "taskhoster:news"
-MAX_DATAGRAM = 4096
+MAX_DATAGRAM = 65536
+MESSAGE_NEWS = 500  # news per message: a datagram stays well under MAX_DATAGRAM
 
-Handler = Callable[[str, str, str], None]
-
-
-def _encode(kind: str, queue: str, item_id: str) -> bytes:
-    return json.dumps({"o": ORIGIN, "k": kind, "q": queue, "i": item_id}).encode()
+News = tuple[str, str, str]
+Handler = Callable[[Sequence[News]], None]
 
 
-def _decode(data: bytes) -> tuple[str, str, str] | None:
+def _encode(news: Sequence[News]) -> list[bytes]:
+    """One message per ``MESSAGE_NEWS`` pieces of news."""
+    return [
+        json.dumps({"o": ORIGIN, "n": list(news[start : start + MESSAGE_NEWS])}).encode()
+        for start in range(0, len(news), MESSAGE_NEWS)
+    ]
+
+
+def _decode(data: bytes) -> list[News] | None:
     try:
         message = json.loads(data)
         if message.get("o") == ORIGIN:
             return None
-        return str(message["k"]), str(message["q"]), str(message.get("i") or "")
+        return [(str(k), str(q), str(i or "")) for k, q, i in message["n"]]
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -113,8 +120,13 @@ _publishers: dict[tuple[str, str], Any] = {}
 _publishers_lock = threading.Lock()
 
 
+@functools.lru_cache(maxsize=8)
+def _resolved(root: Path) -> Path:
+    return root.resolve()
+
+
 def _doorbell_dir() -> Path:
-    return get_conf().root.resolve() / ".doorbell"
+    return _resolved(get_conf().root) / ".doorbell"
 
 
 def _publisher() -> Any:
@@ -128,8 +140,10 @@ def _publisher() -> Any:
         return publisher
 
 
-def publish(kind: str, queue: str, item_id: str = "") -> None:
-    _publisher().publish(_encode(kind, queue, item_id))
+def publish(news: Sequence[News]) -> None:
+    publisher = _publisher()
+    for data in _encode(news):
+        publisher.publish(data)
 
 
 # -- listening (server processes with sockets) ---------------------------------------------
@@ -172,8 +186,8 @@ class Listener:
             except (BlockingIOError, InterruptedError):
                 return
             news = _decode(data)
-            if news is not None:
-                self.handler(*news)
+            if news:
+                self.handler(news)
 
     async def _listen_redis(self, url: str) -> None:
         import redis.asyncio as aioredis
@@ -185,8 +199,8 @@ class Listener:
                 await pubsub.subscribe(REDIS_CHANNEL)
                 async for message in pubsub.listen():
                     news = _decode(message.get("data") or b"")
-                    if news is not None:
-                        self.handler(*news)
+                    if news:
+                        self.handler(news)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -1,9 +1,10 @@
 """News that the engine gives after a commit: an item became claimable, an item reached a
 verdict, an item a worker may hold was removed.
 
-``announce`` delivers the news in this process (a condition variable wakes long-polls at once;
-listeners such as the ``/work`` dispatcher are called) and publishes it to the other processes
-through ``bus``; a server process hands what it hears from the bus to ``deliver``.
+``announce`` delivers a group's news in this process (a condition variable wakes long-polls at
+once; listeners such as the ``/work`` dispatcher are called once with the whole batch) and
+publishes it to the other processes through ``bus`` in one message; a server process hands
+what it hears from the bus to ``deliver``.
 """
 
 from __future__ import annotations
@@ -11,21 +12,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 log = logging.getLogger(__name__)
 
+News = tuple[str, str, str]  # kind, queue, item id
+Listener = Callable[[Sequence[News]], None]
+
 _condition = threading.Condition()
 _generation = 0
-Listener = Callable[[str, str, str], None]
 _listeners: list[Listener] = []
 
 
 def subscribe(listener: Listener) -> None:
-    """Call ``listener(kind, queue, item_id)`` after each event.
-
-    ``kind`` is ``claimable``, ``verdict`` or ``removed:<reason>``.
-    """
+    """Call ``listener(batch)`` after each batch of news: ``(kind, queue, item_id)`` each,
+    where ``kind`` is ``claimable``, ``verdict``, ``removed:<reason>`` or ``queue-deleted``."""
     _listeners.append(listener)
 
 
@@ -35,24 +36,30 @@ def unsubscribe(listener: Listener) -> None:
 
 
 def announce(kind: str, queue: str, item_id: str = "") -> None:
+    announce_many([(kind, queue, item_id)])
+
+
+def announce_many(news: Sequence[News]) -> None:
     """News made in this process: deliver it here and publish it to the others."""
-    deliver(kind, queue, item_id)
+    if not news:
+        return
+    deliver(news)
     from . import bus
 
     try:
-        bus.publish(kind, queue, item_id)
+        bus.publish(news)
     except Exception:
         log.exception("could not publish news")
 
 
-def deliver(kind: str, queue: str, item_id: str = "") -> None:
+def deliver(news: Sequence[News]) -> None:
     """Wake this process's long-polls and listeners."""
     global _generation
     with _condition:
         _generation += 1
         _condition.notify_all()
     for listener in list(_listeners):
-        listener(kind, queue, item_id)
+        listener(news)
 
 
 def generation() -> int:

@@ -179,6 +179,7 @@ class StateStore:
         self.fsync = fsync
         self.flush_mode = flush if (flush != "syncfs" or _syncfs is not None) else "fsync"
         self.sys = Syscalls()
+        self._queue_paths: dict[str, str] = {}
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -198,9 +199,19 @@ class StateStore:
         return self.queue_dir(queue) / State(state).value
 
     def item_path(self, queue: str, state: State, item_id: str) -> Path:
+        return Path(self.item_file(queue, state, item_id))
+
+    def item_file(self, queue: str, state: State, item_id: str) -> str:
+        """``item_path`` as a string, without building paths on the hot path (each queue's
+        directory is checked once)."""
         if not isinstance(item_id, str) or ID_PATTERN.fullmatch(item_id) is None:
             raise StoreError(f"invalid item id {item_id!r}", code="invalid_id")
-        return self.state_dir(queue, state) / f"{item_id}{SUFFIX}"
+        base = self._queue_paths.get(queue)
+        if base is None:
+            base = str(self.queue_dir(queue))
+            if len(self._queue_paths) < 10_000:
+                self._queue_paths[queue] = base
+        return f"{base}/{state.value}/{item_id}{SUFFIX}"
 
     @property
     def staging_dir(self) -> Path:
@@ -242,17 +253,25 @@ class StateStore:
     # -- reading -------------------------------------------------------------------------
 
     def read(self, queue: str, state: State, item_id: str) -> Record:
-        return self.read_path(self.item_path(queue, state, item_id))
+        return self.read_path(self.item_file(queue, state, item_id))
 
-    def read_path(self, path: Path) -> Record:
+    def read_path(self, path: Path | str) -> Record:
+        name = os.path.basename(path)
         try:
-            with open(path, "rb") as handle:
-                data = handle.read()
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
-            raise FileMissing(f"item file {path.name} is missing") from None
+            raise FileMissing(f"item file {name} is missing") from None
         except OSError as exc:
-            raise StoreError(f"could not read item file {path.name}: {exc}") from exc
-        return decode(data, name=path.name)[0]
+            raise StoreError(f"could not read item file {name}: {exc}") from exc
+        try:
+            chunks = [os.read(fd, 1 << 16)]
+            while len(chunks[-1]) == 1 << 16:
+                chunks.append(os.read(fd, 1 << 20))
+        except OSError as exc:
+            raise StoreError(f"could not read item file {name}: {exc}") from exc
+        finally:
+            os.close(fd)
+        return decode(b"".join(chunks), name=name)[0]
 
     def read_any(self, queue: str, item_id: str, first: State) -> tuple[State, Record]:
         """Read the item's file, looking in ``first`` and then in the other states."""
@@ -265,7 +284,7 @@ class StateStore:
 
     def locate(self, queue: str, item_id: str, first: State) -> State | None:
         for state in (first, *(s for s in State if s is not first)):
-            if self.item_path(queue, state, item_id).exists():
+            if os.path.exists(self.item_file(queue, state, item_id)):
                 return state
         return None
 
@@ -440,30 +459,31 @@ class FileBatch:
         The file is looked for in the other states when it is not in ``src`` (a crash may
         have left it ahead of its row). False if it is nowhere: the item is gone.
         """
-        path = self.store.item_path(queue, src, item_id)
-        if not path.exists():
-            found = self.store.locate(queue, item_id, src)
-            if found is None:
-                return False
-            src, path = found, self.store.item_path(queue, found, item_id)
-        try:
-            if patch is not None:
-                size = self.store.sys.append(str(path), encode_line(patch))
-                self.undo.append(("truncate", str(path), size))
-                self.written.add(str(path))
-            if src is not dst:
-                target = self.store.item_path(queue, dst, item_id)
-                self.store.sys.rename(str(path), str(target))
-                self.undo.append(("rename", str(target), str(path)))
-                self.directories.update({str(path.parent), str(target.parent)})
-                if patch is not None:
-                    self.written.discard(str(path))
-                    self.written.add(str(target))
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            raise StoreError(f"could not change item file: {exc}") from exc
-        return True
+        for _attempt in range(2):
+            path = self.store.item_file(queue, src, item_id)
+            try:
+                self._change(path, self.store.item_file(queue, dst, item_id), patch)
+                return True
+            except FileNotFoundError:
+                found = self.store.locate(queue, item_id, src)
+                if found is None or found is src:
+                    return False
+                src = found
+            except OSError as exc:
+                raise StoreError(f"could not change item file: {exc}") from exc
+        return False
+
+    def _change(self, path: str, target: str, patch: Record | None) -> None:
+        if patch is not None:
+            size = self.store.sys.append(path, encode_line(patch))
+            self.undo.append(("truncate", path, size))
+        if target != path:
+            self.store.sys.rename(path, target)
+            self.undo.append(("rename", target, path))
+            self.directories.add(os.path.dirname(path))
+            self.directories.add(os.path.dirname(target))
+        if patch is not None:
+            self.written.add(target)
 
     def remove(self, queue: str, item_id: str, state: State) -> None:
         """Remove the item's file (looked for in ``state`` first) when ``apply_unlinks``
@@ -473,7 +493,7 @@ class FileBatch:
     def apply_unlinks(self) -> None:
         for queue, item_id, first in self.unlinks:
             for state in (first, *(s for s in State if s is not first)):
-                path = str(self.store.item_path(queue, state, item_id))
+                path = self.store.item_file(queue, state, item_id)
                 try:
                     self.store.sys.unlink(path)
                 except FileNotFoundError:

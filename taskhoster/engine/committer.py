@@ -23,6 +23,7 @@ import os
 import random
 import threading
 from collections import deque
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, IntegrityError, OperationalError, connection
@@ -47,9 +48,7 @@ def run_group(ops: list[Op], shard: int) -> None:
         try:
             group.run()
         except TaskhosterError as exc:
-            for op in ops:
-                if not op.future.done():
-                    op.future.set_exception(exc)
+            _fail_all(ops, exc)
             return
         except IntegrityError as exc:
             # A concurrent post (another process) took one of our keys: run it again, and
@@ -58,7 +57,7 @@ def run_group(ops: list[Op], shard: int) -> None:
                 _one_by_one(ops, shard)
                 return
             if attempt == 2:
-                ops[0].future.set_exception(exc)
+                _fail_all(ops, exc)
                 return
             continue
         except OperationalError as exc:
@@ -78,7 +77,7 @@ def run_group(ops: list[Op], shard: int) -> None:
             log.exception("operation %r failed", ops[0])
             _fail_all(ops, exc)
             return
-        group.settle_futures()
+        answer(group.outcomes())
         return
 
 
@@ -88,9 +87,35 @@ def _one_by_one(ops: list[Op], shard: int) -> None:
 
 
 def _fail_all(ops: list[Op], exc: BaseException) -> None:
-    for op in ops:
-        if not op.future.done():
-            op.future.set_exception(exc)
+    answer([(op, False, exc) for op in ops])
+
+
+def answer(outcomes: list[tuple[Op, bool, Any]]) -> None:
+    """Hand each operation its answer: threads through their futures; event loops in one
+    callback per loop for the whole group."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Op, bool, Any]]] = {}
+    for op, ok, value in outcomes:
+        if op.loop is not None:
+            by_loop.setdefault(op.loop, []).append((op, ok, value))
+        elif op.future is not None and not op.future.done():
+            if ok:
+                op.future.set_result(value)
+            else:
+                op.future.set_exception(value)
+    for loop, batch in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop has closed
+            loop.call_soon_threadsafe(_settle_waiters, batch)
+
+
+def _settle_waiters(batch: list[tuple[Op, bool, Any]]) -> None:
+    for op, ok, value in batch:
+        waiter = op.waiter
+        if waiter is None or waiter.done():
+            continue
+        if ok:
+            waiter.set_result(value)
+        else:
+            waiter.set_exception(value)
 
 
 class Committer:
@@ -103,7 +128,7 @@ class Committer:
         self.pid = os.getpid()
         self.shard = random.randrange(COUNT_SHARDS)
 
-    def submit(self, op: Op) -> Any:
+    def submit(self, op: Op) -> None:
         with self.cond:
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(
@@ -112,7 +137,6 @@ class Committer:
                 self.thread.start()
             self.queue.append(op)
             self.cond.notify()
-        return op.future
 
     def _take(self) -> list[Op] | None:
         with self.cond:
@@ -160,6 +184,7 @@ def execute(op: Op) -> Any:
 
     Inside the caller's own transaction it runs there and then, as a group of one.
     """
+    op.future = Future()
     if connection.in_atomic_block:
         run_group([op], committer().shard)
     else:
@@ -169,4 +194,7 @@ def execute(op: Op) -> Any:
 
 async def execute_async(op: Op) -> Any:
     """The same for a caller on an event loop: it waits without blocking the loop."""
-    return await asyncio.wrap_future(committer().submit(op))
+    op.loop = asyncio.get_running_loop()
+    op.waiter = op.loop.create_future()
+    committer().submit(op)
+    return await op.waiter

@@ -34,7 +34,6 @@ from .. import events, metrics
 from ..errors import Conflict, InvalidInput, ItemNotFound, QueueNotFound, TaskhosterError
 from ..faults import crash_point
 from ..ids import new_id, new_ids
-from ..models import Queue
 from ..status import State, Status
 from ..store import Record, StateStore
 from ..timeutil import now as utcnow
@@ -73,6 +72,8 @@ QUEUE_LOCK_CLASS = 7331
 
 @dataclass(frozen=True, slots=True)
 class QueueInfo:
+    """A queue's settings, in the order of ``rows.QUEUE_COLUMNS``."""
+
     id: int
     name: str
     lease_seconds: float
@@ -84,9 +85,6 @@ class QueueInfo:
     backoff_max_seconds: float
     dead_letter_queue: str | None
     deleting: bool
-
-
-QUEUE_FIELDS = tuple(QueueInfo.__dataclass_fields__)
 
 
 @dataclass(slots=True)
@@ -237,15 +235,11 @@ class Group:
         except TaskhosterError as exc:
             self.answers[id(op)] = (False, exc)
 
-    def settle_futures(self) -> None:
-        for op in self.ops:
-            ok, value = self.answers.get(id(op), (False, RuntimeError("no answer")))
-            if op.future.done():
-                continue
-            if ok:
-                op.future.set_result(value)
-            else:
-                op.future.set_exception(value)
+    def outcomes(self) -> list[tuple[Op, bool, Any]]:
+        """Each operation with its answer (True, value) or its error (False, exception)."""
+        return [
+            (op, *self.answers.get(id(op), (False, RuntimeError("no answer")))) for op in self.ops
+        ]
 
     # -- reading ------------------------------------------------------------------------
 
@@ -287,15 +281,8 @@ class Group:
     def _load_queues(self, *, names: Iterable[str] = (), ids: Iterable[int] = ()) -> None:
         names = [n for n in names if n not in self.live]
         ids = [i for i in ids if i not in self.queues]
-        found = []
-        if names:
-            found += list(
-                Queue.objects.filter(name__in=names, deleting=False).values(*QUEUE_FIELDS)
-            )
-        if ids:
-            found += list(Queue.objects.filter(id__in=ids).values(*QUEUE_FIELDS))
-        for values in found:
-            queue = QueueInfo(**values)
+        for values in sql.select_queues(names=names, ids=ids):
+            queue = QueueInfo(*values)
             self.queues[queue.id] = queue
             if not queue.deleting:
                 self.live[queue.name] = queue
@@ -965,8 +952,7 @@ class Group:
     # -- after the commit -----------------------------------------------------------------
 
     def _announce(self) -> None:
-        for kind, queue, item_id in dict.fromkeys(self.news):
-            events.announce(kind, queue, item_id)
+        events.announce_many(list(dict.fromkeys(self.news)))
         for (queue, name), amount in self.counters.items():
             metrics.count(queue, name, amount)
         for queue, seconds in self.latencies:

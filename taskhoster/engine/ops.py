@@ -8,6 +8,7 @@ no second implementation of any rule.
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -51,9 +52,16 @@ class Verdict:
 
 @dataclass(eq=False)
 class Op:
-    """One request in a group. ``size`` is how many items it may touch (for group limits)."""
+    """One request in a group. ``size`` is how many items it may touch (for group limits).
 
-    future: Future[Any] = field(default_factory=Future, init=False, repr=False, compare=False)
+    A caller in a thread waits on ``future``; a caller on an event loop on ``waiter``, which
+    the committer settles on ``loop`` together with the rest of its group's answers there
+    (one wake-up of the loop per group, not one per operation).
+    """
+
+    future: Future[Any] | None = field(default=None, init=False, repr=False, compare=False)
+    loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
+    waiter: asyncio.Future[Any] | None = field(default=None, init=False, repr=False)
 
     @property
     def size(self) -> int:

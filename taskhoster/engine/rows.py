@@ -110,8 +110,12 @@ def _is_sqlite() -> bool:
 
 
 def adapt_time(value: datetime | None) -> Any:
+    """A time as the database stores it: what Django's own adapter gives (on SQLite, naive
+    UTC text; the engine's times are always UTC, which takes the short way)."""
     if value is None:
         return None
+    if value.tzinfo is UTC and _is_sqlite():
+        return str(value.replace(tzinfo=None))
     return connection.ops.adapt_datetimefield_value(value)
 
 
@@ -283,6 +287,39 @@ def existing_keys(queue_id: int, keys: Iterable[str]) -> dict[str, ItemRow]:
                 if row.key is not None:
                     found[row.key] = row
     return found
+
+
+QUEUE_COLUMNS = (
+    "id",
+    "name",
+    "lease_seconds",
+    "queue_seconds",
+    "retain_seconds",
+    "retain_from",
+    "max_attempts",
+    "backoff_seconds",
+    "backoff_max_seconds",
+    "dead_letter_queue",
+    "deleting",
+)
+
+
+def select_queues(*, names: Sequence[str] = (), ids: Sequence[int] = ()) -> list[tuple[Any, ...]]:
+    """Queue settings (``QUEUE_COLUMNS``) of the live queues named, and of the ids given."""
+    if not names and not ids:
+        return []
+    where = []
+    params: list[Any] = []
+    if names:
+        where.append(f"(name IN ({_placeholders(len(names))}) AND NOT deleting)")
+        params.extend(names)
+    if ids:
+        where.append(f"id IN ({_placeholders(len(ids))})")
+        params.extend(ids)
+    columns = ", ".join(f'"{c}"' for c in QUEUE_COLUMNS)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {columns} FROM {QUEUE} WHERE {' OR '.join(where)}", params)
+        return [(*row[:-1], bool(row[-1])) for row in cursor.fetchall()]
 
 
 def first_pending_member(queue_id: int, thread_id: str) -> str | None:

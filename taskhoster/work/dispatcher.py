@@ -3,10 +3,11 @@ sockets.
 
 When a queue may have claimable items (news from the engine, from another process, a freed
 slot, a new subscription, or a delayed item coming due), the dispatcher makes ONE claim for
-that queue of up to the free capacity of all its sockets serving the queue, and deals the
-items out round-robin, least recently served first. So 50 idle sockets and one new item cost
-one claim, not fifty. Claims for one queue never overlap in a process: news arriving during a
-claim marks the queue to be looked at once more afterwards.
+that queue of up to the free capacity of all its sockets serving the queue that no claim in
+flight has reserved yet, and deals the items out, least recently served first. So 50 idle
+sockets and one new item cost one claim, not fifty; and a slot freed while a claim is in
+flight is claimed for at once, so it can join the next group commit. News arriving while
+every free slot is reserved marks the queue to be looked at once more afterwards.
 
 A claim that finds nothing arms a timer for the queue's next delayed item, and a backstop
 re-check runs every ``SOCKET_BACKSTOP_SECONDS`` in case a piece of news was lost.
@@ -19,7 +20,7 @@ import contextlib
 import logging
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
@@ -75,7 +76,7 @@ class Dispatcher:
         # Every open socket of the process (for /metrics); ``workers`` are those subscribed.
         self.sockets: weakref.WeakSet[Any] = weakref.WeakSet()
         self.workers: set[Worker] = set()
-        self.pumping: set[str] = set()
+        self.claiming: dict[str, int] = {}  # claims in flight, per queue
         self.dirty: set[str] = set()
         self.timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
         self.listener = bus.Listener(self._news)
@@ -91,12 +92,18 @@ class Dispatcher:
 
     # -- news ------------------------------------------------------------------------------
 
-    def _local_news(self, kind: str, queue: str, item_id: str) -> None:
-        """Called in whichever thread committed the change."""
-        with contextlib.suppress(RuntimeError):  # the loop has closed
-            self.loop.call_soon_threadsafe(self._news, kind, queue, item_id)
+    def _local_news(self, news: Sequence[events.News]) -> None:
+        """Called in whichever thread committed the change: once per group."""
+        wanted = [n for n in news if n[0] != "verdict"]  # verdicts are for long-polls only
+        if wanted:
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                self.loop.call_soon_threadsafe(self._news, wanted)
 
-    def _news(self, kind: str, queue: str, item_id: str) -> None:
+    def _news(self, news: Sequence[events.News]) -> None:
+        for kind, queue, item_id in news:
+            self._one_piece(kind, queue, item_id)
+
+    def _one_piece(self, kind: str, queue: str, item_id: str) -> None:
         if kind == "claimable":
             self.wake(queue)
         elif kind == engine.QUEUE_DELETED:
@@ -139,14 +146,17 @@ class Dispatcher:
             self.wake(queue)
 
     def wake(self, queue: str) -> None:
-        if queue in self.pumping:
-            self.dirty.add(queue)
+        """Claim for the free slots of this process's sockets on ``queue`` (not already
+        reserved by a claim in flight). Claims do not wait for each other: each freed slot
+        can join the very next group commit."""
+        if not any(queue in w.queues and self._free(w) > 0 for w in self.workers):
+            if self.claiming.get(queue):
+                self.dirty.add(queue)  # news during a claim: look once more afterwards
             return
-        if any(queue in w.queues and self._free(w) > 0 for w in self.workers):
-            self.pumping.add(queue)
-            self.loop.create_task(self._pump(queue))
+        self.claiming[queue] = self.claiming.get(queue, 0) + 1
+        self.loop.create_task(self._claim(queue))
 
-    # -- the claim loop --------------------------------------------------------------------
+    # -- claims ------------------------------------------------------------------------------
 
     @staticmethod
     def _free(worker: Worker) -> int:
@@ -154,42 +164,43 @@ class Dispatcher:
             return 0
         return max(0, worker.capacity - len(worker.held) - worker.reserved)
 
-    async def _pump(self, queue: str) -> None:
+    async def _claim(self, queue: str) -> None:
+        again = False
         try:
-            while True:
-                self.dirty.discard(queue)
-                wanting = sorted(
-                    (w for w in self.workers if queue in w.queues and self._free(w) > 0),
-                    key=lambda w: w.last_served,
-                )
-                if not wanting:
-                    return
-                shares: dict[Worker, int] = {}
-                total = 0
-                for worker in wanting:
-                    share = min(self._free(worker), MAX_CLAIM - total)
-                    if share <= 0:
-                        break
-                    shares[worker] = share
-                    worker.reserved += share
-                    total += share
-                try:
-                    claimed = await engine.claim_async(queue_name=queue, max_items=total)
-                except QueueNotFound:
-                    claimed = []
-                except Exception:
-                    log.exception("claim for queue %s failed", queue)
-                    claimed = []
-                finally:
-                    for worker, share in shares.items():
-                        worker.reserved -= share
-                await self._deal(claimed, list(shares))
-                if not claimed:
-                    await self._arm_timer(queue)
-                if len(claimed) < total and queue not in self.dirty:
-                    return
+            self.dirty.discard(queue)
+            wanting = sorted(
+                (w for w in self.workers if queue in w.queues and self._free(w) > 0),
+                key=lambda w: w.last_served,
+            )
+            shares: dict[Worker, int] = {}
+            total = 0
+            for worker in wanting:
+                share = min(self._free(worker), MAX_CLAIM - total)
+                if share <= 0:
+                    break
+                shares[worker] = share
+                worker.reserved += share
+                total += share
+            if not shares:
+                return
+            try:
+                claimed = await engine.claim_async(queue_name=queue, max_items=total)
+            except QueueNotFound:
+                claimed = []
+            except Exception:
+                log.exception("claim for queue %s failed", queue)
+                claimed = []
+            finally:
+                for worker, share in shares.items():
+                    worker.reserved -= share
+            await self._deal(claimed, list(shares))
+            if not claimed and self.claiming.get(queue) == 1:
+                await self._arm_timer(queue)
+            again = len(claimed) == total  # there may be more for other free slots
         finally:
-            self.pumping.discard(queue)
+            self.claiming[queue] -= 1
+        if again or queue in self.dirty:
+            self.wake(queue)
 
     async def _deal(self, claimed: list[engine.Claimed], workers: list[Worker]) -> None:
         """Hand the items out one at a time, least recently served first."""
