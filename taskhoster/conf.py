@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
 
 DEFAULTS: dict[str, Any] = {
     "ROOT": "var/state",
@@ -52,7 +53,28 @@ class Conf:
     max_capacity: int
 
 
+_cached: Conf | None = None
+
+
 def get_conf() -> Conf:
+    """The settings, read once and again whenever ``TASKHOSTER`` changes (``override_settings``
+    sends ``setting_changed``)."""
+    global _cached
+    if _cached is None:
+        _cached = _read()
+    return _cached
+
+
+def _forget(*, setting: str, **_kwargs: Any) -> None:
+    global _cached
+    if setting == "TASKHOSTER":
+        _cached = None
+
+
+setting_changed.connect(_forget)
+
+
+def _read() -> Conf:
     user: dict[str, Any] = getattr(settings, "TASKHOSTER", {}) or {}
     merged = {**DEFAULTS, **user}
     return Conf(

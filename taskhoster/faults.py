@@ -31,8 +31,14 @@ class InjectedFault(RuntimeError):
     """An exception raised on purpose by a test's fault injection."""
 
 
+# Read once: a process is started with its faults armed (reading the environment on every
+# call would cost more than the rest of a crash point).
+_CRASH_AT = os.environ.get("TASKHOSTER_CRASH_AT")
+_FAULTS = os.environ.get("TASKHOSTER_FAULT")
+
+
 def crash_point(name: str) -> None:
-    if os.environ.get("TASKHOSTER_CRASH_AT") == name:
+    if name == _CRASH_AT:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -42,7 +48,7 @@ _lock = threading.Lock()
 
 def fault(name: str) -> bool:
     """True when ``TASKHOSTER_FAULT`` arms ``name`` (and its count is not used up)."""
-    spec = os.environ.get("TASKHOSTER_FAULT")
+    spec = _FAULTS
     if not spec:
         return False
     for entry in spec.split(","):

@@ -32,6 +32,11 @@ _lock = threading.Lock()
 _pending: dict[tuple[str, str], float] = defaultdict(float)
 _last_flush = 0.0
 
+GROUP_HELP = {
+    "group_commits": "Group commits (every change to items is an operation of one).",
+    "group_operations": "Operations committed in groups (divided by commits: the mean group).",
+    "group_seconds": "Seconds spent running group commits, from taking them to answering.",
+}
 COUNTER_HELP = {
     "posts": "Items posted.",
     "claim_attempts": "Claim attempts (each may hand out several items, or none).",
@@ -46,6 +51,15 @@ COUNTER_HELP = {
 def count(queue: str, name: str, amount: float = 1) -> None:
     with _lock:
         _pending[(queue, name)] += amount
+    maybe_flush()
+
+
+def count_group(operations: int, seconds: float) -> None:
+    """A group commit of ``operations`` that took ``seconds`` (from taking them to answering)."""
+    with _lock:
+        _pending[("", "group_commits")] += 1
+        _pending[("", "group_operations")] += operations
+        _pending[("", "group_seconds")] += seconds
     maybe_flush()
 
 
@@ -136,7 +150,11 @@ def render() -> str:
         .values("queue", "name")
         .annotate(total=Sum("value"))
     }
-    queues = sorted({q for q, _ in totals})
+    queues = sorted({q for q, _ in totals if q})
+    for name, help_text in GROUP_HELP.items():
+        lines.append(f"# HELP taskhoster_{name}_total {help_text}")
+        lines.append(f"# TYPE taskhoster_{name}_total counter")
+        lines.append(f"taskhoster_{name}_total {totals.get(('', name), 0):g}")
     for name, help_text in COUNTER_HELP.items():
         lines.append(f"# HELP taskhoster_{name}_total {help_text}")
         lines.append(f"# TYPE taskhoster_{name}_total counter")

@@ -1,168 +1,95 @@
-"""Request validation and the wire shape of items (SPEC section 5).
+"""The API's shapes in ``/api/schema`` (SPEC section 5).
 
-Every request serializer refuses unknown fields, so a misspelt option is an error rather than
-silently ignored. The same serializers describe the API in ``/api/schema``.
+Request bodies are validated by ``contract``; their serializers here are made from the same
+declarations, so the schema says what the server enforces. Responses are described here
+(``engine.item_json`` builds an item).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rest_framework import serializers
 
-from ..conf import get_conf
-from ..errors import InvalidInput, TooLarge
+from .. import contract
+from ..contract import Body, Field, resolve
+from ..errors import InvalidInput
 from ..ids import is_valid_id
 from ..status import Status
-from ..timeutil import parse_wire, to_wire
 
 
-class StrictSerializer(serializers.Serializer):
-    def to_internal_value(self, data: Any) -> Any:
-        if not isinstance(data, dict):
-            raise serializers.ValidationError(
-                {"non_field_errors": ["expected a JSON object"]}, code="invalid"
-            )
-        unknown = sorted(set(data) - set(self.fields))
-        if unknown:
-            raise serializers.ValidationError(
-                {name: ["unknown field"] for name in unknown}, code="unknown_field"
-            )
-        return super().to_internal_value(data)
+def _field(spec: Field) -> serializers.Field:
+    """The DRF field that describes ``spec`` in the schema (validation is ``contract``'s)."""
+    common: dict[str, Any] = {
+        "required": spec.required,
+        "allow_null": spec.nullable,
+        "help_text": spec.description or None,
+    }
+    if spec.default is not None:
+        common["default"] = spec.default
+        common["required"] = False
+    kind = spec.kind
+    if kind == "json":
+        return serializers.JSONField(**common)
+    if kind == "string":
+        return serializers.CharField(
+            min_length=spec.min_length,
+            max_length=_int(resolve(spec.max_length)),
+            allow_blank=(spec.min_length or 0) == 0,
+            trim_whitespace=False,
+            **common,
+        )
+    if kind == "choice":
+        return serializers.ChoiceField(choices=list(spec.choices), **common)
+    if kind == "integer":
+        return serializers.IntegerField(
+            min_value=_int(resolve(spec.minimum)), max_value=_int(resolve(spec.maximum)), **common
+        )
+    if kind == "number":
+        return serializers.FloatField(
+            min_value=resolve(spec.minimum), max_value=resolve(spec.maximum), **common
+        )
+    if kind == "boolean":
+        return serializers.BooleanField(**common)
+    if kind == "time":
+        return serializers.DateTimeField(**common)
+    if kind == "list":
+        assert spec.item is not None
+        child = (
+            serializer_for(spec.item.body)()
+            if spec.item.kind == "object" and spec.item.body is not None
+            else _field(spec.item)
+        )
+        return serializers.ListField(
+            child=child,
+            min_length=spec.min_length,
+            max_length=_int(resolve(spec.max_length)),
+            **common,
+        )
+    if kind == "object":
+        assert spec.body is not None
+        return serializer_for(spec.body)(**common)
+    raise ValueError(f"unknown field kind {kind}")
 
 
-class AnyJSONField(serializers.JSONField):
-    """Any JSON value, limited to ``MAX_PAYLOAD_BYTES`` when encoded."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("allow_null", True)
-        super().__init__(**kwargs)
-
-    def to_internal_value(self, data: Any) -> Any:
-        limit = get_conf().max_payload_bytes
-        size = len(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode())
-        if size > limit:
-            raise TooLarge(f"{self.field_name} is {size} bytes of JSON; the limit is {limit}")
-        return data
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
 
 
-class WireTimeField(serializers.Field):
-    def to_internal_value(self, data: Any) -> Any:
-        try:
-            return parse_wire(data)
-        except (ValueError, OverflowError):
-            raise serializers.ValidationError(
-                "expected an ISO-8601 UTC time such as 2026-01-31T12:00:00Z"
-            ) from None
-
-    def to_representation(self, value: Any) -> Any:
-        return to_wire(value)
+def serializer_for(body: Body) -> type[serializers.Serializer]:
+    """A serializer describing ``body`` for ``/api/schema``, made from the contract."""
+    attrs: dict[str, Any] = {spec.name: _field(spec) for spec in body.fields}
+    attrs["__doc__"] = body.description or body.name
+    return type(f"{body.name}Serializer", (serializers.Serializer,), attrs)
 
 
-class ThreadIdField(serializers.CharField):
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(min_length=1, max_length=200, trim_whitespace=False, **kwargs)
-
-    def to_internal_value(self, data: Any) -> Any:
-        if not isinstance(data, str):
-            raise serializers.ValidationError("threadId must be a string")
-        value = super().to_internal_value(data)
-        if not value.isprintable():
-            raise serializers.ValidationError("threadId must be printable characters")
-        return value
-
-
-class StringField(serializers.CharField):
-    """A string that is a string: numbers and booleans are refused, not coerced."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if not isinstance(data, str):
-            raise serializers.ValidationError("must be a string")
-        return super().to_internal_value(data)
-
-
-class StrictIntegerField(serializers.IntegerField):
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, bool) or not isinstance(data, int):
-            raise serializers.ValidationError("must be an integer")
-        return super().to_internal_value(data)
-
-
-class StrictNumberField(serializers.FloatField):
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, bool) or not isinstance(data, int | float):
-            raise serializers.ValidationError("must be a number")
-        return super().to_internal_value(data)
-
-
-class StrictBooleanField(serializers.BooleanField):
-    def to_internal_value(self, data: Any) -> Any:
-        if not isinstance(data, bool):
-            raise serializers.ValidationError("must be true or false")
-        return data
-
-
-class PostItemSerializer(StrictSerializer):
-    payload = AnyJSONField(required=True)
-    threadId = ThreadIdField(required=False, allow_null=True)
-    scheduledAt = WireTimeField(required=False, allow_null=True)
-    delaySeconds = StrictNumberField(
-        required=False, allow_null=True, min_value=0, max_value=366 * 86400
-    )
-    key = StringField(
-        required=False, allow_null=True, min_length=1, max_length=200, trim_whitespace=False
-    )
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if attrs.get("scheduledAt") is not None and attrs.get("delaySeconds") is not None:
-            raise serializers.ValidationError("give scheduledAt or delaySeconds, not both")
-        return attrs
-
-
-class PostBatchSerializer(StrictSerializer):
-    items = PostItemSerializer(many=True, allow_empty=False)
-
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("items"), list):
-            limit = get_conf().max_batch
-            if len(data["items"]) > limit:
-                raise TooLarge(f"a batch holds at most {limit} items", code="batch_too_large")
-        return super().to_internal_value(data)
-
-
-class ClaimSerializer(StrictSerializer):
-    max = StrictIntegerField(required=False, min_value=1, max_value=100, default=1)
-    wait = StrictNumberField(required=False, min_value=0, max_value=60, default=0)
-
-
-class ResultSerializer(StrictSerializer):
-    result = AnyJSONField(required=True)
-
-
-class FailSerializer(StrictSerializer):
-    lease = StringField(max_length=64)
-    error = StringField(
-        required=False, allow_null=True, allow_blank=True, max_length=10_000, trim_whitespace=False
-    )
-    retry = StrictBooleanField(required=False, default=True)
-
-
-class ExtendSerializer(StrictSerializer):
-    lease = StringField(max_length=64)
-    seconds = StrictNumberField(
-        required=False, allow_null=True, min_value=0.001, max_value=7 * 86400
-    )
-
-
-class BulkDeleteSerializer(StrictSerializer):
-    ids = serializers.ListField(child=StringField(max_length=64), required=False, max_length=10_000)
-    status = serializers.ChoiceField(choices=[s.value for s in Status], required=False)
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if ("ids" in attrs) == ("status" in attrs):
-            raise serializers.ValidationError("give either ids or status")
-        return attrs
+PostItemSerializer = serializer_for(contract.POST_ITEM)
+PostBatchSerializer = serializer_for(contract.POST_BATCH)
+ClaimSerializer = serializer_for(contract.CLAIM)
+ResultSerializer = serializer_for(contract.RESULT)
+FailSerializer = serializer_for(contract.FAIL)
+ExtendSerializer = serializer_for(contract.EXTEND)
+BulkDeleteSerializer = serializer_for(contract.BULK_DELETE)
 
 
 class QueueSettingsSerializer(serializers.Serializer):
@@ -235,12 +162,6 @@ class DeletedSerializer(serializers.Serializer):
 
 class ErrorSerializer(serializers.Serializer):
     error = serializers.DictField(child=serializers.CharField())
-
-
-def validated(serializer_class: type[serializers.Serializer], data: Any) -> dict[str, Any]:
-    serializer = serializer_class(data=data)
-    serializer.is_valid(raise_exception=True)
-    return dict(serializer.validated_data)
 
 
 def check_item_id(item_id: str) -> str:

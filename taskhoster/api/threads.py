@@ -6,7 +6,6 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from .. import engine
 from ..conf import get_conf
@@ -14,6 +13,7 @@ from ..engine.threads import ThreadView, get_thread, list_threads, thread_member
 from ..errors import InvalidInput
 from ..models import Item
 from .auth import require
+from .base import ApiView
 from .cursors import decode_cursor, encode_cursor
 from .serializers import ItemSerializer
 from .views import ERRORS, _queue_or_404
@@ -62,7 +62,7 @@ def _check_thread_id(thread_id: str) -> str:
     return thread_id
 
 
-class ThreadListView(APIView):
+class ThreadListView(ApiView):
     @extend_schema(
         parameters=[OpenApiParameter("cursor", str), OpenApiParameter("limit", int)],
         responses={200: ThreadPageSerializer, **ERRORS},
@@ -78,7 +78,7 @@ class ThreadListView(APIView):
         return Response({"threads": [_wire(v) for v in views], "next": encode_cursor(last)})
 
 
-class ThreadDetailView(APIView):
+class ThreadDetailView(ApiView):
     @extend_schema(
         parameters=[OpenApiParameter("cursor", str), OpenApiParameter("limit", int)],
         responses={200: ThreadDetailSerializer, **ERRORS},

@@ -17,15 +17,15 @@ from rest_framework import status
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from .. import engine, events, metrics
+from .. import contract, engine, events, metrics
 from ..conf import get_conf
 from ..errors import InvalidInput, ItemNotFound
 from ..models import Item, Queue
 from ..status import Status
 from ..timeutil import to_wire
 from .auth import require
+from .base import ApiView
 from .cursors import decode_cursor, encode_cursor
 from .serializers import (
     BulkDeleteSerializer,
@@ -45,7 +45,6 @@ from .serializers import (
     ResultSerializer,
     VerdictSerializer,
     check_item_id,
-    validated,
 )
 
 ERRORS = {
@@ -81,7 +80,7 @@ def _item_queue_name(item_id: str) -> str:
     return name
 
 
-class QueueListView(APIView):
+class QueueListView(ApiView):
     @extend_schema(responses={200: QueueSerializer(many=True), **ERRORS}, summary="List queues")
     def get(self, request: Request) -> Response:
         principal = require(request)
@@ -90,7 +89,7 @@ class QueueListView(APIView):
         return Response([_queue_wire(q, counts[q.id]) for q in queues])
 
 
-class QueueView(APIView):
+class QueueView(ApiView):
     @extend_schema(responses={200: QueueSerializer, **ERRORS}, summary="Get a queue")
     def get(self, request: Request, queue: str) -> Response:
         require(request, queue=queue)
@@ -124,7 +123,7 @@ def _item_cursor(cursor: str | None) -> str | None:
     return None if position is None else check_item_id(position)
 
 
-class QueueItemsView(APIView):
+class QueueItemsView(ApiView):
     @extend_schema(
         parameters=[
             OpenApiParameter("status", str, enum=[s.value for s in Status]),
@@ -179,13 +178,13 @@ class QueueItemsView(APIView):
     )
     def post(self, request: Request, queue: str) -> Response:
         require(request, "produce", queue=queue)
-        q = _queue_or_404(queue)
+        engine.queues.validate_queue_name(queue)  # the group answers 404 for a missing one
         body = request.data
         batch = isinstance(body, dict) and "items" in body
         if batch:
-            specs = validated(PostBatchSerializer, body)["items"]
+            specs = contract.validate(contract.POST_BATCH, body)["items"]
         else:
-            specs = [validated(PostItemSerializer, body)]
+            specs = [contract.validate(contract.POST_ITEM, body)]
         new = [
             engine.NewItem(
                 payload=s.get("payload"),
@@ -196,7 +195,7 @@ class QueueItemsView(APIView):
             )
             for s in specs
         ]
-        posted = engine.post_items(queue_name=q.name, items=new)
+        posted = engine.post_items(queue_name=queue, items=new)
         wires = [engine.item_json(p.row, payload=p.payload, result=None) for p in posted]
         if batch:
             return Response({"items": wires}, status=status.HTTP_201_CREATED)
@@ -204,7 +203,7 @@ class QueueItemsView(APIView):
         return Response(wires[0], status=code)
 
 
-class BulkDeleteView(APIView):
+class BulkDeleteView(ApiView):
     @extend_schema(
         request=BulkDeleteSerializer,
         responses={200: DeletedSerializer, **ERRORS},
@@ -213,7 +212,7 @@ class BulkDeleteView(APIView):
     def post(self, request: Request, queue: str) -> Response:
         require(request, "manage", queue=queue)
         q = _queue_or_404(queue)
-        body = validated(BulkDeleteSerializer, request.data)
+        body = contract.validate(contract.BULK_DELETE, request.data)
         if "ids" in body:
             ids = [check_item_id(i) for i in body["ids"]]
             deleted = engine.delete_items(item_ids=ids, queue_name=q.name)
@@ -222,7 +221,7 @@ class BulkDeleteView(APIView):
         return Response({"deleted": deleted})
 
 
-class ClaimView(APIView):
+class ClaimView(ApiView):
     @extend_schema(
         request=ClaimSerializer,
         responses={200: ClaimAnswerSerializer, **ERRORS},
@@ -231,7 +230,7 @@ class ClaimView(APIView):
     def post(self, request: Request, queue: str) -> Response:
         require(request, "work", queue=queue)
         q = _queue_or_404(queue)
-        body = validated(ClaimSerializer, request.data)
+        body = contract.validate(contract.CLAIM, request.data)
         deadline = time.monotonic() + float(body["wait"])
         interval = get_conf().long_poll_interval
         while True:
@@ -251,7 +250,7 @@ class ClaimView(APIView):
         )
 
 
-class ItemView(APIView):
+class ItemView(ApiView):
     @extend_schema(
         parameters=[OpenApiParameter("wait", float)],
         responses={200: ItemSerializer, **ERRORS},
@@ -287,7 +286,7 @@ class ItemView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class RestartView(APIView):
+class RestartView(ApiView):
     @extend_schema(
         request=None, responses={200: ItemSerializer, **ERRORS}, summary="Restart a failed item"
     )
@@ -301,7 +300,7 @@ class RestartView(APIView):
         )
 
 
-class ResultView(APIView):
+class ResultView(ApiView):
     @extend_schema(
         request=ResultSerializer,
         responses={200: VerdictSerializer, **ERRORS},
@@ -310,7 +309,7 @@ class ResultView(APIView):
     def post(self, request: Request, item_id: str) -> Response:
         check_item_id(item_id)
         require(request, "work")
-        body = validated(ResultSerializer, request.data)
+        body = contract.validate(contract.RESULT, request.data)
         gone = Response({"accepted": False, "status": None})
         try:
             require(request, "work", queue=_item_queue_name(item_id))
@@ -320,7 +319,7 @@ class ResultView(APIView):
         return Response({"accepted": verdict.accepted, "status": verdict.status})
 
 
-class FailView(APIView):
+class FailView(ApiView):
     @extend_schema(
         request=FailSerializer,
         responses={200: VerdictSerializer, **ERRORS},
@@ -329,14 +328,14 @@ class FailView(APIView):
     def post(self, request: Request, item_id: str) -> Response:
         check_item_id(item_id)
         require(request, "work", queue=_item_queue_name(item_id))
-        body = validated(FailSerializer, request.data)
+        body = contract.validate(contract.FAIL, request.data)
         verdict = engine.fail(
             item_id=item_id, lease=body["lease"], error=body.get("error"), retry=body["retry"]
         )
         return Response({"accepted": verdict.accepted, "status": verdict.status})
 
 
-class ExtendView(APIView):
+class ExtendView(ApiView):
     @extend_schema(
         request=ExtendSerializer,
         responses={200: ExtendAnswerSerializer, **ERRORS},
@@ -345,7 +344,7 @@ class ExtendView(APIView):
     def post(self, request: Request, item_id: str) -> Response:
         check_item_id(item_id)
         require(request, "work", queue=_item_queue_name(item_id))
-        body = validated(ExtendSerializer, request.data)
+        body = contract.validate(contract.EXTEND, request.data)
         accepted, row = engine.extend(
             item_id=item_id, lease=body["lease"], seconds=body.get("seconds")
         )
@@ -353,7 +352,7 @@ class ExtendView(APIView):
         return Response({"accepted": accepted, "leaseExpiresAt": to_wire(expires)})
 
 
-class HealthView(APIView):
+class HealthView(ApiView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
 
@@ -365,7 +364,7 @@ class HealthView(APIView):
         return Response({"status": "ok", "database": connection.vendor, "stateRoot": root.is_dir()})
 
 
-class MetricsView(APIView):
+class MetricsView(ApiView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
 

@@ -2,10 +2,17 @@
 
 Callers from any thread (HTTP requests, the ``/work`` sockets' event loop, the sweep) hand
 an operation to ``execute`` or ``execute_async``. The committer thread takes everything
-queued, runs it as one group (``group.Group``: one transaction, one flush of the item files),
-and answers each caller. Whatever arrives while a group runs joins the next one. Nothing
-waits on a timer: a lone operation is committed at once (latency); under load, a crowd
-shares one transaction and one flush (throughput).
+queued, runs it as one group (``group.Group``: one transaction), makes the group's files
+durable with one barrier after the commit (so the database's write lock is not held across
+it), and answers each caller. Whatever arrives while a group runs joins the next one.
+Nothing waits on a timer: a lone operation is committed at once (latency); under load, a
+crowd shares one transaction and one flush (throughput).
+
+Nothing is acknowledged before its files are durable (with fsync on): a claim or an extend
+(which need nothing durable) is answered at the commit, everything else after the barrier.
+What another reader may see between a commit and its barrier (a result, a new item) is at
+most what a power cut in that instant could take back; no acknowledgement that depends on
+it has gone out.
 
 A caller inside a database transaction of its own (``transaction.atomic``) runs its operation
 right there, as a group of one, so it commits (and announces) with the caller's transaction.
@@ -22,16 +29,18 @@ import logging
 import os
 import random
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, IntegrityError, OperationalError, connection
 
+from .. import metrics
 from ..errors import TaskhosterError
 from .common import store
 from .group import Group
-from .ops import Op
+from .ops import Claim, Extend, MarkFetched, Op, Release
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -39,6 +48,11 @@ T = TypeVar("T")
 MAX_GROUP_ITEMS = 2000
 IDLE_CLOSE_SECONDS = 2.0
 COUNT_SHARDS = 16
+
+
+# Operations answered at the commit: they need nothing durable (a claim may be repeated
+# after a crash: at-least-once; a lease extension or a first fetch only shortens a clock).
+ANSWERED_AT_COMMIT = (Claim, Extend, MarkFetched, Release)
 
 
 def run_group(ops: list[Op], shard: int) -> None:
@@ -77,8 +91,30 @@ def run_group(ops: list[Op], shard: int) -> None:
             log.exception("operation %r failed", ops[0])
             _fail_all(ops, exc)
             return
-        answer(group.outcomes())
+        outcomes = group.outcomes()
+        if not group.needs_flush:
+            answer(outcomes)
+            return
+        now = [isinstance(op, ANSWERED_AT_COMMIT) or not ok for op, ok, _value in outcomes]
+        answer([o for o, at_commit in zip(outcomes, now, strict=True) if at_commit])
+        after_flush = [o for o, at_commit in zip(outcomes, now, strict=True) if not at_commit]
+        try:
+            group.files.flush()
+        except TaskhosterError as exc:
+            after_flush = _flush_failed(after_flush, exc)
+        answer(after_flush)
         return
+
+
+def _flush_failed(
+    outcomes: list[tuple[Op, bool, Any]], exc: TaskhosterError
+) -> list[tuple[Op, bool, Any]]:
+    """The files could not be made durable: nothing that needed them is acknowledged."""
+    log.error("could not flush a group's files: %s", exc.message)
+    return [
+        o if isinstance(o[0], ANSWERED_AT_COMMIT) or not o[1] else (o[0], False, exc)
+        for o in outcomes
+    ]
 
 
 def _one_by_one(ops: list[Op], shard: int) -> None:
@@ -160,8 +196,10 @@ class Committer:
                 with contextlib.suppress(DatabaseError):
                     connection.close()
                 continue
+            started = time.perf_counter()
             try:
                 run_group(group, self.shard)
+                metrics.count_group(len(group), time.perf_counter() - started)
             except BaseException:  # run_group never raises; keep the committer alive anyway
                 log.exception("the committer failed on a group")
                 _fail_all(group, RuntimeError("the committer failed"))

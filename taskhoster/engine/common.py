@@ -12,12 +12,12 @@ from ..store import StateStore
 
 @lru_cache(maxsize=8)
 def _store_for(root: Path, fsync: bool, flush: str) -> StateStore:
-    return StateStore(root, fsync=fsync, flush=flush)
+    return StateStore(root, fsync=fsync, flush=flush)  # resolves the root, once
 
 
 def store() -> StateStore:
     conf = get_conf()
-    return _store_for(conf.root.resolve(), conf.fsync, conf.flush)
+    return _store_for(conf.root, conf.fsync, conf.flush)
 
 
 def seconds(value: float) -> timedelta:

@@ -12,9 +12,10 @@ Every transition has the same shape here:
 4. **write rows**: one statement per shape of change, new rows in one ``executemany``;
 5. **settle threads**: each touched thread once, with its next head made eligible;
 6. **claims** run last, so they see this group's posts and freed threads;
-7. **flush, then commit**: one barrier makes every file change durable before any of it is
-   visible; removals are applied just before it;
-8. **answer and announce** after the commit.
+7. **commit** (removals are applied just before it), and announce what changed;
+8. **flush, then answer**: one barrier (shared with the groups committed meanwhile, see
+   ``committer.Flusher``) makes the files durable before any answer that needs them goes
+   out; a claim or an extend, which need no durability, is answered at the commit.
 """
 
 from __future__ import annotations
@@ -215,7 +216,6 @@ class Group:
                     self._claims(claims)
                 sql.add_counts(dict(self.counts), self.shard)
                 self.files.apply_unlinks()
-                self.files.flush()
                 crash_point("group.before_commit")
                 transaction.on_commit(self._announce)
         except BaseException:
@@ -234,6 +234,10 @@ class Group:
             self.answers[id(op)] = (True, fn(*args))
         except TaskhosterError as exc:
             self.answers[id(op)] = (False, exc)
+
+    @property
+    def needs_flush(self) -> bool:
+        return bool(self.files.written or self.files.directories)
 
     def outcomes(self) -> list[tuple[Op, bool, Any]]:
         """Each operation with its answer (True, value) or its error (False, exception)."""

@@ -28,14 +28,13 @@ from typing import Any, NamedTuple
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from .. import engine
+from .. import contract, engine
 from ..conf import get_conf
 from ..errors import InvalidInput, ItemNotFound, TaskhosterError, TooLarge
 from ..faults import fault, raise_if_armed
 from ..ids import is_valid_id
 from ..keys import Principal, authenticate, parse_authorization
 from ..models import Queue
-from ..store import QUEUE_NAME_PATTERN
 from ..timeutil import to_wire
 from .dispatcher import Dispatcher, get_dispatcher, run_sync
 
@@ -49,15 +48,6 @@ CLOSE_FORBIDDEN = 4403
 CLOSE_ABUSE = 4429
 ABUSE_WINDOW_SECONDS = 10.0
 ABUSE_ERRORS = 100
-MAX_SUBSCRIBED_QUEUES = 100
-MAX_JSON_GROWTH = 8  # "1e9" (3 characters) comes back as "1000000000.0"
-
-FIELDS = {
-    "subscribe": ({"type", "queues", "capacity"}, {"type", "queues", "capacity"}),
-    "result": ({"type", "id", "result"}, {"type", "id", "result"}),
-    "fail": ({"type", "id"}, {"type", "id", "error", "retry"}),
-    "extend": ({"type", "id"}, {"type", "id", "seconds"}),
-}
 
 
 class Held(NamedTuple):
@@ -98,7 +88,6 @@ class WorkConsumer(AsyncWebsocketConsumer):
         self.errors: list[float] = []
         self.ending: asyncio.Future[None] | None = None
         self.outbox: asyncio.Queue[Answer] = asyncio.Queue()
-        self.frame_bytes = 0
         # Items this socket was told to cancel: a result for one of them is acked
         # accepted: false (rule 9), not answered with an error for an unknown id.
         self.cancelled: deque[str] = deque(maxlen=1000)
@@ -208,7 +197,6 @@ class WorkConsumer(AsyncWebsocketConsumer):
         message: dict[str, Any] = {}
         try:
             message = self._parse(text_data, bytes_data)
-            self.frame_bytes = len(text_data or "")
             kind = message["type"]
             if kind == "subscribe":
                 await self._on_subscribe(message)
@@ -278,18 +266,9 @@ class WorkConsumer(AsyncWebsocketConsumer):
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):
             raise InvalidInput("a frame is a JSON object with a 'type'", code="bad_frame")
         kind = message["type"]
-        if kind not in FIELDS:
+        if kind not in contract.FRAMES:
             raise InvalidInput(f"unknown frame type {kind!r}", code="unknown_type")
-        required, allowed = FIELDS[kind]
-        missing = sorted(required - set(message))
-        unknown = sorted(set(message) - allowed)
-        if missing:
-            raise InvalidInput(f"{kind} needs {', '.join(missing)}", code="missing_field")
-        if unknown:
-            raise InvalidInput(f"unknown field(s) {', '.join(unknown)}", code="unknown_field")
-        if "id" in message and not is_valid_id(message["id"]):
-            raise InvalidInput("id must be an item id", code="invalid_id")
-        return message
+        return contract.validate(contract.FRAMES[kind], message, where=f"{kind}.")
 
     async def _on_subscribe(self, message: dict[str, Any]) -> None:
         try:
@@ -301,23 +280,6 @@ class WorkConsumer(AsyncWebsocketConsumer):
 
     async def _subscribe(self, message: dict[str, Any]) -> None:
         queues, capacity = message["queues"], message["capacity"]
-        if (
-            not isinstance(queues, list)
-            or not 1 <= len(queues) <= MAX_SUBSCRIBED_QUEUES
-            or not all(isinstance(q, str) and QUEUE_NAME_PATTERN.fullmatch(q) for q in queues)
-        ):
-            raise InvalidInput(
-                f"queues must be 1-{MAX_SUBSCRIBED_QUEUES} queue names", code="invalid_queues"
-            )
-        max_capacity = get_conf().max_capacity
-        if (
-            isinstance(capacity, bool)
-            or not isinstance(capacity, int)
-            or not 0 <= capacity <= max_capacity
-        ):
-            raise InvalidInput(
-                f"capacity must be an integer 0..{max_capacity}", code="invalid_capacity"
-            )
         assert self.principal is not None
         refused = [q for q in queues if not self.principal.may_use(q)]
         if refused:
@@ -336,10 +298,6 @@ class WorkConsumer(AsyncWebsocketConsumer):
 
     def _on_result(self, message: dict[str, Any]) -> Answer:
         item_id = message["id"]
-        if self.frame_bytes * MAX_JSON_GROWTH > get_conf().max_payload_bytes:
-            # A result re-serialised can outgrow its frame (``1e9`` -> ``1000000000.0``):
-            # measure it, unless the frame is too small for that to matter.
-            _check_size(message["result"], "result")
         # Free the slot first, so the verdict's own news is not taken for a cancel, and so
         # the claim for the freed slot can join the same group as this result.
         self.held.pop(item_id, None)
@@ -361,13 +319,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
 
     def _on_fail(self, message: dict[str, Any]) -> Answer:
         item_id = message["id"]
-        error, retry = message.get("error"), message.get("retry", True)
-        if error is not None and (not isinstance(error, str) or len(error) > 10_000):
-            raise InvalidInput(
-                "error must be a string of at most 10000 characters", code="invalid_error"
-            )
-        if not isinstance(retry, bool):
-            raise InvalidInput("retry must be true or false", code="invalid_retry")
+        error, retry = message.get("error"), message["retry"]
         holding = self.held.pop(item_id, None)
         if holding is None:
             return _now({"type": "ack", "id": item_id, "accepted": False})
@@ -384,10 +336,6 @@ class WorkConsumer(AsyncWebsocketConsumer):
 
     def _on_extend(self, message: dict[str, Any]) -> Answer:
         item_id, seconds = message["id"], message.get("seconds")
-        if seconds is not None and (
-            isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0
-        ):
-            raise InvalidInput("seconds must be a positive number", code="invalid_seconds")
         holding = self.held.get(item_id)
         if holding is None:
             return _now({"type": "ack", "id": item_id, "accepted": False})
@@ -485,10 +433,3 @@ def _now(frame: dict[str, Any]) -> Answer:
 
 def _live_queue_names(names: list[str]) -> list[str]:
     return list(Queue.objects.filter(name__in=names, deleting=False).values_list("name", flat=True))
-
-
-def _check_size(value: Any, what: str) -> None:
-    limit = get_conf().max_payload_bytes
-    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
-    if size > limit:
-        raise TooLarge(f"{what} is {size} bytes of JSON; the limit is {limit}")

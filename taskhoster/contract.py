@@ -1,0 +1,406 @@
+"""The request bodies of the REST API and the ``/work`` socket, declared once.
+
+Each body is a ``Body`` of ``Field``s with their types, bounds and limits. The same
+declaration validates a request (``validate``: plain Python, no framework, fast enough to
+run on every post) and describes it in ``/api/schema`` (``api.serializers`` builds the DRF
+serializers that drf-spectacular reads from it). Limits that are settings (the largest
+batch, claim, wait, capacity and payload) are read from ``conf`` when they are used, never
+at import time.
+
+A refused value raises ``InvalidInput`` (400) naming the field, or ``TooLarge`` (413) for a
+payload, result or batch over its limit; unknown fields are refused, never ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .conf import Conf, get_conf
+from .errors import InvalidInput, TooLarge
+from .ids import ID_PATTERN
+from .status import Status
+from .store import QUEUE_NAME_PATTERN
+from .timeutil import parse_wire
+
+DAY = 86400.0
+Bound = float | int | Callable[[Conf], float] | None
+
+
+def limit(name: str) -> Callable[[Conf], float]:
+    """A bound read from the settings when it is needed."""
+
+    def read(conf: Conf) -> float:
+        return float(getattr(conf, name))
+
+    read.__name__ = f"conf.{name}"
+    return read
+
+
+def resolve(bound: Bound) -> float | None:
+    if bound is None or isinstance(bound, int | float):
+        return bound
+    return bound(get_conf())
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a body. ``kind`` is json, string, integer, number, boolean, time,
+    choice, list or object."""
+
+    name: str
+    kind: str
+    required: bool = False
+    nullable: bool = False
+    default: Any = None
+    minimum: Bound = None
+    maximum: Bound = None
+    exclusive_minimum: bool = False
+    min_length: int | None = None
+    max_length: Bound = None
+    pattern: str | None = None
+    printable: bool = False
+    choices: tuple[str, ...] = ()
+    item: Field | None = None
+    body: Body | None = None
+    sized: bool = False  # a payload or result: at most MAX_PAYLOAD_BYTES of JSON (413)
+    too_large: str | None = None  # a list over max_length is 413 with this code
+    code: str = "invalid"
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Body:
+    name: str
+    fields: tuple[Field, ...]
+    at_most_one_of: tuple[tuple[str, ...], ...] = ()
+    exactly_one_of: tuple[tuple[str, ...], ...] = ()
+    description: str = ""
+    names: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", frozenset(f.name for f in self.fields))
+
+
+def validate(body: Body, data: Any, *, where: str = "") -> dict[str, Any]:
+    """The body's values (with defaults), or ``InvalidInput``/``TooLarge`` naming the field."""
+    if not isinstance(data, dict):
+        raise InvalidInput(f"{where or 'the body'} must be a JSON object", code="invalid_body")
+    unknown = sorted(set(data) - body.names)
+    if unknown:
+        raise InvalidInput(f"unknown field(s): {', '.join(unknown)}", code="unknown_field")
+    values: dict[str, Any] = {}
+    for spec in body.fields:
+        name = f"{where}{spec.name}"
+        if spec.name not in data:
+            if spec.required:
+                raise InvalidInput(f"{name} is required", code="missing_field")
+            if spec.default is not None:
+                values[spec.name] = spec.default
+            continue
+        value = data[spec.name]
+        if value is None:
+            if not spec.nullable:
+                raise InvalidInput(f"{name} must not be null", code=spec.code)
+            values[spec.name] = None
+            continue
+        values[spec.name] = _check(spec, value, name)
+    for group in body.at_most_one_of:
+        if sum(values.get(n) is not None for n in group) > 1:
+            raise InvalidInput(f"give {' or '.join(group)}, not both", code="invalid")
+    for group in body.exactly_one_of:
+        if sum(n in values for n in group) != 1:
+            raise InvalidInput(f"give either {' or '.join(group)}", code="invalid_body")
+    return values
+
+
+def _check(spec: Field, value: Any, name: str) -> Any:
+    kind = spec.kind
+    if kind == "json":
+        if spec.sized:
+            check_size(value, name)
+        return value
+    if kind == "string" or kind == "choice":
+        if not isinstance(value, str):
+            raise InvalidInput(f"{name} must be a string", code=spec.code)
+        if kind == "choice":
+            if value not in spec.choices:
+                raise InvalidInput(
+                    f"{name} must be one of {', '.join(spec.choices)}", code=spec.code
+                )
+            return value
+        longest = resolve(spec.max_length)
+        if (spec.min_length is not None and len(value) < spec.min_length) or (
+            longest is not None and len(value) > longest
+        ):
+            raise InvalidInput(
+                f"{name} must be {spec.min_length or 0}-{longest:g} characters", code=spec.code
+            )
+        if "\x00" in value:  # no text store (files, database) keeps a NUL intact
+            raise InvalidInput(f"{name} must not contain NUL characters", code=spec.code)
+        if spec.printable and not value.isprintable():
+            raise InvalidInput(f"{name} must be printable characters", code=spec.code)
+        if spec.pattern == "id" and ID_PATTERN.fullmatch(value) is None:
+            raise InvalidInput(f"{name} must be an item id", code=spec.code)
+        if spec.pattern == "queue" and QUEUE_NAME_PATTERN.fullmatch(value) is None:
+            raise InvalidInput(f"{name} must be a queue name", code=spec.code)
+        return value
+    if kind == "integer" or kind == "number":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidInput(f"{name} must be a number", code=spec.code)
+        if kind == "integer" and not isinstance(value, int):
+            raise InvalidInput(f"{name} must be an integer", code=spec.code)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidInput(f"{name} must be finite", code=spec.code)
+        low, high = resolve(spec.minimum), resolve(spec.maximum)
+        too_low = low is not None and (value <= low if spec.exclusive_minimum else value < low)
+        if too_low or (high is not None and value > high):
+            bound = "more than" if spec.exclusive_minimum else "at least"
+            raise InvalidInput(
+                f"{name} must be {bound} {low:g} and at most {high:g}", code=spec.code
+            )
+        return value
+    if kind == "boolean":
+        if not isinstance(value, bool):
+            raise InvalidInput(f"{name} must be true or false", code=spec.code)
+        return value
+    if kind == "time":
+        try:
+            return parse_wire(value)
+        except (ValueError, OverflowError):
+            raise InvalidInput(
+                f"{name} must be an ISO-8601 UTC time such as 2026-01-31T12:00:00Z",
+                code=spec.code,
+            ) from None
+    if kind == "list":
+        if not isinstance(value, list):
+            raise InvalidInput(f"{name} must be a list", code=spec.code)
+        longest = resolve(spec.max_length)
+        if longest is not None and len(value) > longest:
+            if spec.too_large:
+                raise TooLarge(f"{name} holds at most {longest:g} entries", code=spec.too_large)
+            raise InvalidInput(f"{name} holds at most {longest:g} entries", code=spec.code)
+        if spec.min_length is not None and len(value) < spec.min_length:
+            raise InvalidInput(f"{name} needs at least {spec.min_length} entries", code=spec.code)
+        assert spec.item is not None
+        item = spec.item
+        if item.kind == "object":
+            assert item.body is not None
+            return [validate(item.body, v, where=f"{name}[{n}].") for n, v in enumerate(value)]
+        return [_check(item, v, f"{name}[{n}]") for n, v in enumerate(value)]
+    if kind == "object":
+        assert spec.body is not None
+        return validate(spec.body, value, where=f"{name}.")
+    raise ValueError(f"unknown field kind {kind}")
+
+
+def check_size(value: Any, name: str) -> None:
+    """A payload or result: at most ``MAX_PAYLOAD_BYTES`` of JSON, else 413."""
+    most = get_conf().max_payload_bytes
+    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > most:
+        raise TooLarge(f"{name} is {size} bytes of JSON; the limit is {most}")
+
+
+# -- the bodies --------------------------------------------------------------------------------
+
+LEASE = Field(
+    "lease",
+    "string",
+    required=True,
+    min_length=1,
+    max_length=64,
+    description="The lease token of the claim (from the item as claimed).",
+)
+ITEM_ID = Field(
+    "id",
+    "string",
+    required=True,
+    min_length=1,
+    max_length=64,
+    pattern="id",
+    code="invalid_id",
+    description="An item id.",
+)
+RESULT_VALUE = Field(
+    "result",
+    "json",
+    required=True,
+    nullable=True,
+    sized=True,
+    description="Any JSON: the item's result (at most the payload limit).",
+)
+ERROR_TEXT = Field(
+    "error",
+    "string",
+    nullable=True,
+    min_length=0,
+    max_length=10_000,
+    code="invalid_error",
+    description="Why the work failed.",
+)
+RETRY = Field(
+    "retry",
+    "boolean",
+    default=True,
+    code="invalid_retry",
+    description="false: the item dies now; true (default): retried after a backoff.",
+)
+EXTEND_SECONDS = Field(
+    "seconds",
+    "number",
+    nullable=True,
+    minimum=0,
+    exclusive_minimum=True,
+    maximum=7 * DAY,
+    code="invalid_seconds",
+    description="Extend by this much (at most the queue's leaseSeconds).",
+)
+
+POST_ITEM = Body(
+    "PostItem",
+    (
+        Field(
+            "payload",
+            "json",
+            required=True,
+            nullable=True,
+            sized=True,
+            description="Any JSON: the work (at most the payload limit).",
+        ),
+        Field(
+            "threadId",
+            "string",
+            nullable=True,
+            min_length=1,
+            max_length=200,
+            printable=True,
+            description="Members of one thread run one at a time.",
+        ),
+        Field(
+            "scheduledAt",
+            "time",
+            nullable=True,
+            description="Not claimable before this time (ISO-8601 with Z).",
+        ),
+        Field(
+            "delaySeconds",
+            "number",
+            nullable=True,
+            minimum=0,
+            maximum=366 * DAY,
+            description="Not claimable for this many seconds.",
+        ),
+        Field(
+            "key",
+            "string",
+            nullable=True,
+            min_length=1,
+            max_length=200,
+            description="Idempotency key: a post repeating a live key gets that item.",
+        ),
+    ),
+    at_most_one_of=(("scheduledAt", "delaySeconds"),),
+    description="One item to post.",
+)
+POST_BATCH = Body(
+    "PostBatch",
+    (
+        Field(
+            "items",
+            "list",
+            required=True,
+            min_length=1,
+            max_length=limit("max_batch"),
+            item=Field("item", "object", body=POST_ITEM),
+            too_large="batch_too_large",
+            description="Items to post, all or none.",
+        ),
+    ),
+    description="Several items to post at once, all or none.",
+)
+CLAIM = Body(
+    "Claim",
+    (
+        Field(
+            "max",
+            "integer",
+            default=1,
+            minimum=1,
+            maximum=limit("max_claim"),
+            description="Claim up to this many items.",
+        ),
+        Field(
+            "wait",
+            "number",
+            default=0,
+            minimum=0,
+            maximum=limit("max_wait_seconds"),
+            description="Wait up to this many seconds for an item.",
+        ),
+    ),
+)
+RESULT = Body("Result", (RESULT_VALUE,))
+FAIL = Body("Fail", (LEASE, ERROR_TEXT, RETRY))
+EXTEND = Body("Extend", (LEASE, EXTEND_SECONDS))
+BULK_DELETE = Body(
+    "BulkDelete",
+    (
+        Field(
+            "ids",
+            "list",
+            max_length=10_000,
+            item=Field(
+                "id", "string", min_length=1, max_length=64, pattern="id", code="invalid_id"
+            ),
+            description="Delete these items.",
+        ),
+        Field(
+            "status",
+            "choice",
+            choices=tuple(s.value for s in Status),
+            description="Delete every item of the queue in this status.",
+        ),
+    ),
+    exactly_one_of=(("ids", "status"),),
+)
+
+# The /work socket's frames (SPEC section 6): their ``type`` is checked before these.
+FRAME_TYPE = Field("type", "string", required=True)
+SUBSCRIBE_FRAME = Body(
+    "SubscribeFrame",
+    (
+        FRAME_TYPE,
+        Field(
+            "queues",
+            "list",
+            required=True,
+            min_length=1,
+            max_length=100,
+            item=Field("queue", "string", pattern="queue", code="invalid_queues"),
+            code="invalid_queues",
+            description="The queues to take items from.",
+        ),
+        Field(
+            "capacity",
+            "integer",
+            required=True,
+            minimum=0,
+            maximum=limit("max_capacity"),
+            code="invalid_capacity",
+            description="Hold at most this many items at once.",
+        ),
+    ),
+)
+RESULT_FRAME = Body("ResultFrame", (FRAME_TYPE, ITEM_ID, RESULT_VALUE))
+FAIL_FRAME = Body("FailFrame", (FRAME_TYPE, ITEM_ID, ERROR_TEXT, RETRY))
+EXTEND_FRAME = Body("ExtendFrame", (FRAME_TYPE, ITEM_ID, EXTEND_SECONDS))
+FRAMES = {
+    "subscribe": SUBSCRIBE_FRAME,
+    "result": RESULT_FRAME,
+    "fail": FAIL_FRAME,
+    "extend": EXTEND_FRAME,
+}
