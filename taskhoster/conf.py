@@ -19,6 +19,9 @@ DEFAULTS: dict[str, Any] = {
     # How a group's files are made durable: "syncfs" (one call for the whole filesystem,
     # Linux) or "fsync" (each written file and each touched directory).
     "FLUSH": "syncfs",
+    # Where group commits run: "thread" (a thread of this process) or "process" (a process
+    # of its own beside this one, so that it does not share the GIL: a server's choice).
+    "COMMITTER": "thread",
     "MAX_PAYLOAD_BYTES": 1024 * 1024,
     "MAX_BATCH": 1000,
     "MAX_WAIT_SECONDS": 60,
@@ -39,6 +42,7 @@ class Conf:
     root: Path
     fsync: bool
     flush: str
+    committer: str
     max_payload_bytes: int
     max_batch: int
     max_wait_seconds: float
@@ -81,6 +85,7 @@ def _read() -> Conf:
         root=Path(merged["ROOT"]),
         fsync=bool(merged["FSYNC"]),
         flush=str(merged["FLUSH"]),
+        committer=str(merged["COMMITTER"]),
         max_payload_bytes=int(merged["MAX_PAYLOAD_BYTES"]),
         max_batch=int(merged["MAX_BATCH"]),
         max_wait_seconds=float(merged["MAX_WAIT_SECONDS"]),

@@ -7,6 +7,8 @@ that the API layer reads, nothing more.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class TaskhosterError(Exception):
     code = "error"
@@ -17,6 +19,14 @@ class TaskhosterError(Exception):
         self.message = message or (self.__class__.__doc__ or self.code).strip()
         if code is not None:
             self.code = code
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keeps its code when it crosses to another process (the committer's answers).
+        return (_rebuild, (type(self), self.message, self.code))
+
+
+def _rebuild(cls: type[TaskhosterError], message: str, code: str) -> TaskhosterError:
+    return cls(message, code=code)
 
 
 class InvalidInput(TaskhosterError):

@@ -39,11 +39,17 @@ def announce(kind: str, queue: str, item_id: str = "") -> None:
     announce_many([(kind, queue, item_id)])
 
 
+# In a committer process, news also goes back to its server process (engine.process).
+forward: Callable[[Sequence[News]], None] | None = None
+
+
 def announce_many(news: Sequence[News]) -> None:
     """News made in this process: deliver it here and publish it to the others."""
     if not news:
         return
     deliver(news)
+    if forward is not None:
+        forward(news)
     from . import bus
 
     try:

@@ -39,6 +39,10 @@ _FAULTS = os.environ.get("TASKHOSTER_FAULT")
 
 def crash_point(name: str) -> None:
     if name == _CRASH_AT:
+        # In a committer process, its server dies with it: the two are one server.
+        server = os.environ.get("TASKHOSTER_COMMITTER_CHILD")
+        if server:
+            os.kill(int(server), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -9,9 +9,6 @@ line updated by the others in order. A transition then moves the same file to it
 state's directory with one ``rename``. So after the post, no transition creates a file: on
 Linux, creating an inode costs far more than appending to one or renaming it.
 
-A post writes its file in ``<root>/.staging/`` (outside the queue, so an unfinished post is
-never mistaken for an item) and renames it into ``pending/`` inside its group commit.
-
 Durability comes from one barrier per group (``FileBatch.flush``): ``syncfs`` where Linux
 offers it, else an fsync of every written file and touched directory. Before the barrier a
 power cut may leave any subset of the group's writes, renames and unlinks; ``read`` ignores a
@@ -44,7 +41,6 @@ from .status import State
 QUEUE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SUFFIX = ".json"
 TMP_SUFFIX = ".tmp"
-STAGING = ".staging"
 TRASH = ".trash"
 QUARANTINE = ".quarantine"
 
@@ -156,14 +152,6 @@ class Syscalls:
 
 
 @dataclass(frozen=True)
-class Staged:
-    """A new item's file, written in the staging directory, not yet in its queue."""
-
-    item_id: str
-    path: Path
-
-
-@dataclass(frozen=True)
 class FoundFile:
     queue: str
     state: State
@@ -214,41 +202,12 @@ class StateStore:
         return f"{base}/{state.value}/{item_id}{SUFFIX}"
 
     @property
-    def staging_dir(self) -> Path:
-        return self.root / STAGING
-
-    @property
     def trash_dir(self) -> Path:
         return self.root / TRASH
 
     def ensure_queue(self, queue: str) -> None:
         for state in State:
             self.state_dir(queue, state).mkdir(parents=True, exist_ok=True)
-
-    # -- new items -----------------------------------------------------------------------
-
-    def stage(self, record: Record) -> Staged:
-        """Write a new item's first line in the staging directory (not flushed: the group's
-        barrier flushes it). Creating the file is the slow part of a post, so callers do
-        this before they join a group."""
-        item_id = record["id"]
-        if not isinstance(item_id, str) or ID_PATTERN.fullmatch(item_id) is None:
-            raise StoreError(f"invalid item id {item_id!r}", code="invalid_id")
-        path = self.staging_dir / f"{item_id}.{secrets.token_hex(4)}{TMP_SUFFIX}"
-        data = encode_line(record)
-        try:
-            try:
-                self.sys.create(str(path), data)
-            except FileNotFoundError:
-                self.staging_dir.mkdir(parents=True, exist_ok=True)
-                self.sys.create(str(path), data)
-        except OSError as exc:
-            raise StoreError(f"could not write item file: {exc}") from exc
-        return Staged(item_id=item_id, path=path)
-
-    def discard(self, staged: Staged) -> None:
-        with contextlib.suppress(OSError):
-            self.sys.unlink(str(staged.path))
 
     # -- reading -------------------------------------------------------------------------
 
@@ -355,13 +314,8 @@ class StateStore:
                 if ID_PATTERN.fullmatch(item_id):
                     yield FoundFile(queue, state, item_id, Path(entry.path))
 
-    def stale_temporaries(self, queue: str | None = None) -> Iterator[Path]:
-        """Temporary files: the staging directory's (``queue`` None), or a queue's own."""
-        directories = (
-            [self.staging_dir]
-            if queue is None
-            else [self.state_dir(queue, s) for s in State] + [self.queue_dir(queue)]
-        )
+    def stale_temporaries(self, queue: str) -> Iterator[Path]:
+        directories = [self.state_dir(queue, s) for s in State] + [self.queue_dir(queue)]
         for directory in directories:
             if directory.is_dir():
                 for entry in os.scandir(directory):
@@ -419,37 +373,20 @@ class FileBatch:
     written: set[str] = field(default_factory=set)
     directories: set[str] = field(default_factory=set)
 
-    def install(self, staged: Staged, queue: str) -> None:
-        """Move a staged new item into its queue's ``pending/``."""
-        target = self.store.item_path(queue, State.PENDING, staged.item_id)
+    def create(self, queue: str, item_id: str, line: bytes) -> None:
+        """A new item: its file in ``pending/``, holding its first line."""
+        target = self.store.item_file(queue, State.PENDING, item_id)
         try:
             try:
-                self.store.sys.rename(str(staged.path), str(target))
-            except FileNotFoundError:
-                if not staged.path.exists():
-                    raise
-                self.store.ensure_queue(queue)
-                self.store.sys.rename(str(staged.path), str(target))
-        except OSError as exc:
-            raise StoreError(f"could not install item file: {exc}") from exc
-        self.undo.append(("rename", str(target), str(staged.path)))
-        self.written.add(str(target))
-        self.directories.update({str(target.parent), str(staged.path.parent)})
-
-    def write_new(self, queue: str, record: Record) -> None:
-        """A new item made inside a group (a dead-letter copy): create it in ``pending/``."""
-        target = self.store.item_path(queue, State.PENDING, record["id"])
-        try:
-            try:
-                self.store.sys.create(str(target), encode_line(record))
+                self.store.sys.create(target, line)
             except FileNotFoundError:
                 self.store.ensure_queue(queue)
-                self.store.sys.create(str(target), encode_line(record))
+                self.store.sys.create(target, line)
         except OSError as exc:
             raise StoreError(f"could not write item file: {exc}") from exc
-        self.undo.append(("create", str(target), None))
-        self.written.add(str(target))
-        self.directories.add(str(target.parent))
+        self.undo.append(("create", target, None))
+        self.written.add(target)
+        self.directories.add(os.path.dirname(target))
 
     def change(
         self, queue: str, item_id: str, src: State, dst: State, patch: Record | None

@@ -27,7 +27,14 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(autouse=True)
 def state_root(tmp_path: Path, settings: Any) -> Path:
     root = tmp_path / "state"
-    settings.TASKHOSTER = {**settings.TASKHOSTER, "ROOT": str(root), "LONG_POLL_INTERVAL": 0.05}
+    # Engine calls made by the tests themselves commit in a thread of this process (servers
+    # the tests start use a committer process, as in production).
+    settings.TASKHOSTER = {
+        **settings.TASKHOSTER,
+        "ROOT": str(root),
+        "LONG_POLL_INTERVAL": 0.05,
+        "COMMITTER": "thread",
+    }
     return root
 
 

@@ -31,12 +31,14 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, IntegrityError, OperationalError, connection
+from django.db import IntegrityError, OperationalError, connection
 
 from .. import metrics
+from ..conf import get_conf
 from ..errors import TaskhosterError
 from .common import store
 from .group import Group
@@ -46,7 +48,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_GROUP_ITEMS = 2000
-IDLE_CLOSE_SECONDS = 2.0
+IDLE_SECONDS = 0.5  # idle this long: write out the metrics counted so far
+IDLE_CLOSE_ROUNDS = 4  # idle this many times over: give the database connection back
 COUNT_SHARDS = 16
 
 
@@ -126,9 +129,16 @@ def _fail_all(ops: list[Op], exc: BaseException) -> None:
     answer([(op, False, exc) for op in ops])
 
 
+# In a committer process, answers go back to the server process instead (engine.process).
+answer_hook: Callable[[list[tuple[Op, bool, Any]]], None] | None = None
+
+
 def answer(outcomes: list[tuple[Op, bool, Any]]) -> None:
     """Hand each operation its answer: threads through their futures; event loops in one
     callback per loop for the whole group."""
+    if answer_hook is not None:
+        answer_hook(outcomes)
+        return
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Op, bool, Any]]] = {}
     for op, ok, value in outcomes:
         if op.loop is not None:
@@ -177,7 +187,7 @@ class Committer:
     def _take(self) -> list[Op] | None:
         with self.cond:
             if not self.queue:
-                self.cond.wait(IDLE_CLOSE_SECONDS)
+                self.cond.wait(IDLE_SECONDS)
             if not self.queue:
                 return None
             group: list[Op] = []
@@ -189,13 +199,20 @@ class Committer:
             return group
 
     def _loop(self) -> None:
+        idle = 0
         while True:
             group = self._take()
             if group is None:
-                # Idle: give the connection back (a pool, or a test database to drop).
-                with contextlib.suppress(DatabaseError):
-                    connection.close()
+                idle += 1
+                try:
+                    metrics.maybe_flush(force=True)
+                    if idle == IDLE_CLOSE_ROUNDS:
+                        # Give the connection back (a pool, or a test database to drop).
+                        connection.close()
+                except Exception as exc:  # the database is away: nothing to do while idle
+                    log.debug("idle committer: %s", exc)
                 continue
+            idle = 0
             started = time.perf_counter()
             try:
                 run_group(group, self.shard)
@@ -205,16 +222,35 @@ class Committer:
                 _fail_all(group, RuntimeError("the committer failed"))
 
 
-_committer: Committer | None = None
+_committer: Any = None
 _lock = threading.Lock()
+_shard = random.randrange(COUNT_SHARDS)  # for groups run in the caller's own transaction
 
 
-def committer() -> Committer:
+def committer() -> Any:
+    """This process's committer: a ``Committer`` thread, or with ``COMMITTER = "process"``
+    (the server's default) a ``process.ChildCommitter`` standing for one in a process of
+    its own."""
     global _committer
     with _lock:
         if _committer is None or _committer.pid != os.getpid():
-            _committer = Committer()
+            from .process import CHILD_ENV, ChildCommitter
+
+            in_child = bool(os.environ.get(CHILD_ENV))
+            if get_conf().committer == "process" and not in_child:
+                _committer = ChildCommitter()
+            else:
+                _committer = Committer()
         return _committer
+
+
+def start() -> None:
+    """Start this process's committer now rather than at the first operation (a server
+    calls this at start-up, so that no request waits for a committer process to start)."""
+    found = committer()
+    with found.cond:
+        if getattr(found, "proc", True) is None:
+            found._start()
 
 
 def execute(op: Op) -> Any:
@@ -224,7 +260,7 @@ def execute(op: Op) -> Any:
     """
     op.future = Future()
     if connection.in_atomic_block:
-        run_group([op], committer().shard)
+        run_group([op], _shard)
     else:
         committer().submit(op)
     return op.future.result()

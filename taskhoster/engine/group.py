@@ -36,7 +36,7 @@ from ..errors import Conflict, InvalidInput, ItemNotFound, QueueNotFound, Taskho
 from ..faults import crash_point
 from ..ids import new_id, new_ids
 from ..status import State, Status
-from ..store import Record, StateStore
+from ..store import Record, StateStore, encode_line
 from ..timeutil import now as utcnow
 from ..timeutil import to_wire
 from . import rows as sql
@@ -702,7 +702,9 @@ class Group:
 
     def _dead_letters(self) -> None:
         for copy, payload in self.copies:
-            self.files.write_new(copy.queue_name, record_of(copy, copy.queue_name, payload))
+            self.files.create(
+                copy.queue_name, copy.id, encode_line(record_of(copy, copy.queue_name, payload))
+            )
             self.created.append(copy)
             self.counts[(copy.queue_id, Status.PENDING.value)] += 1
             self.news.append(("claimable", copy.queue_name, ""))
@@ -744,18 +746,16 @@ class Group:
         )
         answers: list[Posted] = []
         made_here: dict[str, Posted] = {}
-        for item, row, staged in zip(op.items, op.rows, op.staged, strict=True):
+        for item, row, line in zip(op.items, op.rows, op.lines, strict=True):
             key = item.key
             if key is not None:
                 twin = made_here.get(key)
                 if twin is not None:  # two members of one batch with one key are one item
-                    self.store.discard(staged)
                     answers.append(twin)
                     continue
                 known = self.keys_seen.get((queue.id, key)) or existing.get(key)
                 if known is not None:
                     known.queue_name = queue.name
-                    self.store.discard(staged)
                     answers.append(
                         Posted(row=known, payload=self._payload_of(queue, known), created=False)
                     )
@@ -763,7 +763,7 @@ class Group:
             row.queue_id = queue.id
             row.queue_name = queue.name
             row.eligible = row.thread_id is None
-            self.files.install(staged, queue.name)
+            self.files.create(queue.name, row.id, line)
             self.created.append(row)
             self.counts[(queue.id, Status.PENDING.value)] += 1
             posted = Posted(row=row, payload=item.payload, created=True)
@@ -967,30 +967,24 @@ def _secs(value: float) -> timedelta:
     return timedelta(seconds=value)
 
 
-def prepare_post(queue_name: str, items: list[Any], store: StateStore) -> Post:
-    """Build a post: ids, times and rows here, and each item's file written to the staging
-    directory, before the group (creating a file is the slow part of a post)."""
+def prepare_post(queue_name: str, items: list[Any]) -> Post:
+    """Build a post in the caller's thread: ids, times, rows and each file's first line."""
     at = utcnow()
     ids = new_ids(len(items))
     rows: list[ItemRow] = []
-    staged = []
-    try:
-        for item_id, item in zip(ids, items, strict=True):
-            scheduled = item.scheduled_at or at
-            if item.delay_seconds is not None:
-                scheduled = at + _secs(item.delay_seconds)
-            row = new_row(
-                item_id,
-                at=at,
-                scheduled_at=scheduled,
-                thread_id=item.thread_id,
-                key=item.key,
-                origin=item.origin,
-            )
-            staged.append(store.stage(record_of(row, queue_name, item.payload)))
-            rows.append(row)
-    except BaseException:
-        for done in staged:
-            store.discard(done)
-        raise
-    return Post(queue_name=queue_name, items=items, rows=rows, staged=staged)
+    lines: list[bytes] = []
+    for item_id, item in zip(ids, items, strict=True):
+        scheduled = item.scheduled_at or at
+        if item.delay_seconds is not None:
+            scheduled = at + _secs(item.delay_seconds)
+        row = new_row(
+            item_id,
+            at=at,
+            scheduled_at=scheduled,
+            thread_id=item.thread_id,
+            key=item.key,
+            origin=item.origin,
+        )
+        rows.append(row)
+        lines.append(encode_line(record_of(row, queue_name, item.payload)))
+    return Post(queue_name=queue_name, items=items, rows=rows, lines=lines)

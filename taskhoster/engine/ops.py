@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ..store import Staged
 from .rows import ItemRow
 
 
@@ -62,6 +61,14 @@ class Op:
     future: Future[Any] | None = field(default=None, init=False, repr=False, compare=False)
     loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
     waiter: asyncio.Future[Any] | None = field(default=None, init=False, repr=False)
+    # Its number on the way to and from a committer process (``engine.process``).
+    wire_id: int | None = field(default=None, init=False, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Sent to a committer process without what waits for it here."""
+        state = dict(self.__dict__)
+        state.update(future=None, loop=None, waiter=None)
+        return state
 
     @property
     def size(self) -> int:
@@ -70,13 +77,13 @@ class Op:
 
 @dataclass(eq=False)
 class Post(Op):
-    """Rule 1. ``rows[i]`` and ``staged[i]`` are ``items[i]``'s new row and its file, made
-    before the group by ``group.prepare_post``."""
+    """Rule 1. ``rows[i]`` and ``lines[i]`` are ``items[i]``'s new row and the first line of
+    its file, made before the group by ``group.prepare_post``."""
 
     queue_name: str
     items: list[NewItem]
     rows: list[ItemRow]
-    staged: list[Staged]
+    lines: list[bytes]
 
     @property
     def size(self) -> int:

@@ -15,7 +15,7 @@ lease has already lapsed, so the next sweep re-queues it; but beside a pending r
 ``rev`` it is a claim that never committed (never answered), and goes back to pending/. Every
 thread of the queue is rebuilt from its members, and its counts are recounted. Files and rows
 touched within ``grace`` seconds are left alone, so repair can run beside a live server
-without racing a post or a claim in flight; so are staged posts in ``<root>/.staging/``.
+without racing a post or a claim in flight.
 
 A queue row without a directory is left untouched (an empty or wrong state root must never
 empty the index), unless its directory is in ``<root>/.trash/`` while the queue is live: a
@@ -80,12 +80,6 @@ class RepairReport:
 def repair(*, grace_seconds: float) -> RepairReport:
     report = RepairReport()
     st = store()
-    cutoff = time.time() - grace_seconds
-    for tmp in st.stale_temporaries():
-        with contextlib.suppress(OSError):
-            if tmp.stat().st_mtime < cutoff:
-                tmp.unlink()  # a post that never joined its group: never acknowledged
-                report.stale_files_removed += 1
     for queue in Queue.objects.filter(deleting=False):
         trash = st.trash_dir / f"{queue.name}.{queue.id}"
         if not st.queue_dir(queue.name).exists() and trash.is_dir():

@@ -15,7 +15,6 @@ from ..errors import QueueNotFound
 from ..models import Queue
 from ..timeutil import now as utcnow
 from .committer import execute, execute_async
-from .common import store
 from .group import WORKER_DISCONNECTED, prepare_post
 from .ops import (
     Claim,
@@ -47,18 +46,8 @@ def get_live_queue(name: str) -> Queue:
 
 
 def post_items(*, queue_name: str, items: list[NewItem]) -> list[Posted]:
-    """Post items to a queue, all or none; an item whose key exists returns the existing one.
-
-    Each item's file is written (to the staging directory) here, in the caller's thread,
-    before it joins a group: files are made in parallel, the group only moves them in.
-    """
-    op = prepare_post(queue_name, items, store())
-    try:
-        answer: list[Posted] = execute(op)
-    except BaseException:
-        for staged in op.staged:
-            store().discard(staged)
-        raise
+    """Post items to a queue, all or none; an item whose key exists returns the existing one."""
+    answer: list[Posted] = execute(prepare_post(queue_name, items))
     return answer
 
 

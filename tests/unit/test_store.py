@@ -1,4 +1,4 @@
-"""The state-directory store: item files as logs of lines, staged posts, file batches that
+"""The state-directory store: item files as logs of lines, new files, file batches that
 can be undone, one flush per batch, safe paths.
 
 Plain files under ``tmp_path``; no database. The store's syscalls are recorded by a
@@ -91,10 +91,9 @@ def calls(store: StateStore) -> Recorder:
 
 
 def posted(store: StateStore, queue: str, item_id: str) -> Path:
-    """A new item, staged and moved into ``pending/`` by a flushed batch."""
-    staged = store.stage(record(item_id))
+    """A new item, created in ``pending/`` by a flushed batch."""
     batch = store.batch()
-    batch.install(staged, queue)
+    batch.create(queue, item_id, encode_line(record(item_id)))
     batch.flush()
     return store.item_path(queue, State.PENDING, item_id)
 
@@ -122,31 +121,21 @@ def test_an_empty_or_broken_file_is_a_store_error(data: bytes) -> None:
         decode(data)
 
 
-# -- posts: staged, then installed --------------------------------------------------------------
+# -- posts: one new file each ------------------------------------------------------------------
 
 
-def test_a_staged_post_is_outside_every_queue_until_installed(store: StateStore) -> None:
-    staged = store.stage(record("a1"))
-    assert staged.path.parent == store.staging_dir
-    assert list(store.scan("q")) == []
+def test_a_post_creates_its_file_in_pending(store: StateStore) -> None:
     batch = store.batch()
-    batch.install(staged, "q")
+    batch.create("q", "a1", encode_line(record("a1")))
     assert store.read("q", State.PENDING, "a1") == record("a1")
-    assert not staged.path.exists()
-
-
-def test_discarding_a_staged_post_removes_its_file(store: StateStore) -> None:
-    staged = store.stage(record("a1"))
-    store.discard(staged)
-    assert not staged.path.exists()
-
-
-def test_a_staged_post_makes_its_inode_before_the_batch_only_renames_it(store: StateStore) -> None:
-    staged = store.stage(record("a1"))
     assert calls(store).kinds() == ["create"]
-    batch = store.batch()
-    batch.install(staged, "q")
-    assert calls(store).kinds() == ["create", "rename"]
+
+
+def test_a_post_into_an_existing_id_is_refused(store: StateStore) -> None:
+    posted(store, "q", "a1")
+    with pytest.raises(StoreError):
+        store.batch().create("q", "a1", encode_line(record("a1", payload="other")))
+    assert store.read("q", State.PENDING, "a1") == record("a1")
 
 
 # -- transitions: append a line, rename; nothing created ----------------------------------------
@@ -188,15 +177,13 @@ def test_a_change_of_a_file_that_is_nowhere_says_so(store: StateStore) -> None:
 def test_rollback_undoes_appends_and_renames_newest_first(store: StateStore) -> None:
     path = posted(store, "q", "a1")
     before = path.read_bytes()
-    staged = store.stage(record("b2"))
     batch = store.batch()
-    batch.install(staged, "q")
+    batch.create("q", "b2", encode_line(record("b2")))
     batch.change("q", "a1", State.PENDING, State.PROCESSING, None)
     batch.change("q", "a1", State.PROCESSING, State.DONE, {"rev": 2, "status": "finished"})
     batch.remove("q", "a1", State.DONE)
     batch.rollback()
     assert path.read_bytes() == before
-    assert staged.path.exists()
     assert not store.item_path("q", State.PENDING, "b2").exists()
     assert batch.unlinks == []
 
@@ -342,7 +329,7 @@ def test_bad_queue_name_is_refused_by_every_operation(store: StateStore, name: s
         lambda: store.ensure_queue(name),
         lambda: store.read(name, State.PENDING, "a1"),
         lambda: store.batch().change(name, "a1", State.PENDING, State.DONE, None),
-        lambda: store.batch().install(store.stage(record("a1")), name),
+        lambda: store.batch().create(name, "a1", b"{}\n"),
         lambda: store.move_queue_to_trash(name, "1"),
     ):
         with pytest.raises(StoreError):
@@ -355,7 +342,7 @@ def test_bad_item_id_is_refused_by_every_operation(store: StateStore, item_id: s
     for call in (
         lambda: store.item_path("q", State.PENDING, item_id),
         lambda: store.read("q", State.PENDING, item_id),
-        lambda: store.stage(record(item_id)),
+        lambda: store.batch().create("q", item_id, b"{}\n"),
         lambda: store.batch().change("q", item_id, State.PENDING, State.DONE, None),
     ):
         with pytest.raises(StoreError):

@@ -1,0 +1,231 @@
+"""The committer in a process of its own, beside each server process.
+
+CPython runs one thread of Python at a time in a process. A server process is busy with its
+event loop and its request threads; a committer thread among them waits for that lock after
+every database call and every file operation, so a group commit took several times its own
+CPU time and the process could never use more than one core. Here the same committer
+(``committer.Committer``, the same groups) runs in a child process with a core and a lock of
+its own; the server process hands it operations and takes back answers and news:
+
+- server to committer: one frame per operation, ``[(wire_id, operation)]``, written by the
+  thread that submits it;
+- committer to server: ``("answers", [(wire_id, ok, value), ...])`` after each group's flush
+  (a claim's at its commit), and ``("news", [...])`` at each commit, which the server
+  delivers to its sockets' dispatcher and its long-polls (the committer also publishes it
+  to the other processes, in the server's name, so the server does not hear it twice).
+
+Frames are pickles with a length before them, over the child's stdin and stdout; a reader
+takes every frame that has arrived with one read. The child
+ends when its server does (the pipe closes; on Linux it is also killed with it). If it dies,
+every operation it held is answered with a ``StoreError`` (503: its outcome is unknown, so a
+client may try again) and the next operation starts a new one. A crash point armed in the
+child kills the server as well: the two are one server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from django.conf import settings
+
+from .. import bus, events
+from ..errors import StoreError, TaskhosterError
+from . import committer as committing
+from .ops import Op
+
+log = logging.getLogger(__name__)
+HEADER = struct.Struct("<I")
+CHILD_ENV = "TASKHOSTER_COMMITTER_CHILD"
+
+
+def _frame(value: Any) -> bytes:
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    return HEADER.pack(len(data)) + data
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class FrameReader:
+    """Frames from a pipe, as many per read as have arrived."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = bytearray()
+        self.chunk = bytearray(1 << 16)
+
+    def frames(self) -> list[Any]:
+        """The next frames (at least one); ``EOFError`` when the pipe closes."""
+        while True:
+            found = []
+            while len(self.buffer) >= HEADER.size:
+                size = HEADER.unpack_from(self.buffer)[0]
+                if len(self.buffer) < HEADER.size + size:
+                    break
+                found.append(pickle.loads(self.buffer[HEADER.size : HEADER.size + size]))
+                del self.buffer[: HEADER.size + size]
+            if found:
+                return found
+            # Into a buffer kept from read to read: os.read would allocate a new one each time.
+            n = os.readv(self.fd, [self.chunk])
+            if not n:
+                raise EOFError
+            self.buffer += memoryview(self.chunk)[:n]
+
+
+# -- in the server process ----------------------------------------------------------------------
+
+
+class ChildCommitter:
+    """Stands for the committer in the server process: ``submit`` as ``Committer.submit``.
+
+    The caller's thread writes its operation to the pipe itself (a write to a pipe the
+    committer keeps reading returns at once); one thread reads the answers and news back.
+    """
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.write_lock = threading.Lock()
+        self.pending: dict[int, Op] = {}
+        self.next_id = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pid = os.getpid()
+
+    def submit(self, op: Op) -> None:
+        with self.cond:
+            if self.proc is None:
+                self._start()
+            proc = self.proc
+            assert proc is not None
+            assert proc.stdin is not None
+            op.wire_id = self.next_id
+            self.next_id += 1
+            self.pending[op.wire_id] = op
+        data = _frame([(op.wire_id, op)])
+        # If it died, its reader answers what it held, this one included.
+        with self.write_lock, contextlib.suppress(OSError, ValueError):
+            _write_all(proc.stdin.fileno(), data)
+
+    def _start(self) -> None:
+        env = dict(os.environ)
+        env.update(
+            {
+                CHILD_ENV: str(os.getpid()),
+                "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE,
+                "TASKHOSTER_NEWS_ORIGIN": bus.ORIGIN,
+            }
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "taskhoster.committer_process"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        threading.Thread(
+            target=self._read, args=(self.proc,), name="taskhoster-from-committer", daemon=True
+        ).start()
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        reader = FrameReader(proc.stdout.fileno())
+        try:
+            while True:
+                for kind, body in reader.frames():
+                    if kind == "answers":
+                        with self.cond:
+                            outcomes = [(self.pending.pop(i), ok, v) for i, ok, v in body]
+                        committing.answer(outcomes)
+                    elif kind == "news":
+                        events.deliver(body)
+        except (EOFError, OSError, pickle.UnpicklingError) as exc:
+            log.error("the committer process stopped (%s)", exc or "its pipe closed")
+        except Exception:
+            log.exception("the committer process sent something unreadable")
+        with self.cond:
+            if self.proc is proc:
+                self.proc = None
+            lost, self.pending = self.pending, {}
+        with contextlib.suppress(OSError):
+            proc.kill()
+        proc.wait()
+        failure = StoreError("the committer process stopped; the outcome is unknown")
+        committing.answer([(op, False, failure) for op in lost.values()])
+
+
+# -- in the committer process ---------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """Linux: be killed when the server process dies, however it dies."""
+    libc_name = ctypes.util.find_library("c")
+    if not libc_name:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(libc_name).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def run_child() -> None:
+    """The committer process's main loop (Django is set up already)."""
+    parent = int(os.environ[CHILD_ENV])
+    _die_with_parent()
+    if os.getppid() != parent:
+        return
+    bus.ORIGIN = os.environ.get("TASKHOSTER_NEWS_ORIGIN", bus.ORIGIN)
+    reader = FrameReader(sys.stdin.fileno())
+    out = os.dup(sys.stdout.fileno())
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nothing else may write into the frames
+    lock = threading.Lock()
+
+    def send(kind: str, body: Any) -> None:
+        try:
+            data = _frame((kind, body))
+        except (pickle.PicklingError, TypeError, AttributeError):
+            if kind != "answers":
+                raise
+            data = _frame((kind, [_picklable(o) for o in body]))
+        with lock:
+            _write_all(out, data)
+
+    def answers(outcomes: Sequence[tuple[Op, bool, Any]]) -> None:
+        send("answers", [(op.wire_id, ok, value) for op, ok, value in outcomes])
+
+    committing.answer_hook = answers
+    events.forward = lambda news: send("news", list(news))
+    runner = committing.Committer()
+    while True:
+        try:
+            batches = reader.frames()
+        except EOFError:
+            return  # the server is gone
+        for batch in batches:
+            for wire_id, op in batch:
+                op.wire_id = wire_id
+                runner.submit(op)
+
+
+def _picklable(outcome: tuple[int | None, bool, Any]) -> tuple[int | None, bool, Any]:
+    wire_id, ok, value = outcome
+    try:
+        pickle.dumps(value)
+    except Exception:
+        message = f"{type(value).__name__}: {value}"
+        value = value if isinstance(value, TaskhosterError) else StoreError(message)
+        if ok:
+            ok, value = False, StoreError(f"an answer could not be sent back: {message}")
+    return wire_id, ok, value
