@@ -61,7 +61,11 @@ MEASUREMENTS = {
     "batch500": (f"post batches of {BATCH_SIZE}, 1 client", 1, "items"),
     "claim": ("claim(max=1)+result, 1 worker", 1, "round trips"),
     "claim-x4": (f"claim(max=1)+result, {CONCURRENCY} workers", CONCURRENCY, "round trips"),
+    "queue": ("GET /api/queues/bench (counts), 1 client", 1, "requests"),
+    "queues": ("GET /api/queues (counts), 1 client", 1, "requests"),
+    "metrics": ("GET /metrics (counts), 1 client", 1, "requests"),
 }
+READS = {"queue": f"/api/queues/{QUEUE}", "queues": "/api/queues", "metrics": "/metrics"}
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
@@ -496,6 +500,14 @@ def make_op(name: str, payload_bytes: int) -> tuple[Op, int, int]:
             return BATCH_SIZE
 
         return post_batch, BATCH_SIZE, 1
+    if name in READS:
+        path = READS[name]
+
+        def read(client: httpx.Client) -> int:
+            expect(client.get(path), 200)
+            return 1
+
+        return read, 1, 1
     claim_url = f"/api/queues/{QUEUE}/claim"
     result_body = json.dumps({"result": {"ok": True}})
 
@@ -974,7 +986,7 @@ def measure_once(
     if name.startswith("claim"):
         drop_claimed()
         fill_to(waiting, args.payload_bytes)
-    else:
+    elif name not in READS:
         drop_posted_since(marker)
     connections.close_all()
     settle_disk()

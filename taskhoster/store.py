@@ -72,27 +72,32 @@ def encode_line(fields: Record) -> bytes:
 
 
 def decode(data: bytes, *, name: str = "") -> tuple[Record, int]:
-    """Fold a file's lines into its record; also return the length of its complete lines.
+    """Fold a file's lines into its record; also return the length of the lines used.
 
-    A last line without its newline is a write a crash cut short: it is ignored. Any other
-    line that is not a JSON object makes the file unreadable.
+    The record ends at the first line that is not a whole JSON object: a write a power cut
+    cut short, or tore (and what was appended after it, which no flush covered either: a
+    flush covers every earlier write, so nothing acknowledged ever lies past a torn line).
+    A file whose first line is not whole is unreadable.
     """
-    end = data.rfind(b"\n") + 1
-    if end == 0:
-        raise StoreError(f"item file {name} is empty or torn")
     record: Record | None = None
-    for line in data[:end].split(b"\n")[:-1]:
+    end = 0
+    while True:
+        stop = data.find(b"\n", end)
+        if stop < 0:
+            break
         try:
-            fields = json.loads(line)
-        except ValueError as exc:
-            raise StoreError(f"item file {name} has a bad line: {exc}") from exc
+            fields = json.loads(data[end:stop])
+        except ValueError:
+            break
         if not isinstance(fields, dict):
-            raise StoreError(f"item file {name} has a line that is not an object")
+            break
         if record is None:
             record = fields
         else:
             record.update(fields)
-    assert record is not None
+        end = stop + 1
+    if record is None:
+        raise StoreError(f"item file {name} has no whole first line")
     return record, end
 
 
@@ -331,10 +336,14 @@ class StateStore:
         return target
 
     def truncate_torn(self, path: Path) -> bool:
-        """Cut a torn last line off a file; True if there was one."""
+        """Cut what follows a file's last whole line (see ``decode``); True if anything was
+        cut. Later appends then start after a whole line."""
         data = path.read_bytes()
-        end = data.rfind(b"\n") + 1
-        if 0 < end < len(data):
+        try:
+            _record, end = decode(data, name=path.name)
+        except StoreError:
+            return False
+        if end < len(data):
             self.sys.truncate(str(path), end)
             return True
         return False

@@ -115,10 +115,19 @@ def test_a_torn_last_line_is_ignored() -> None:
     assert end == len(whole)
 
 
-@pytest.mark.parametrize("data", [b"", b'{"id": "a"', b"not json\n", b"[1]\n", b'{"id":"a"}\nxx\n'])
-def test_an_empty_or_broken_file_is_a_store_error(data: bytes) -> None:
+@pytest.mark.parametrize("data", [b"", b'{"id": "a"', b"not json\n", b"[1]\n"])
+def test_a_file_without_a_whole_first_line_is_a_store_error(data: bytes) -> None:
     with pytest.raises(StoreError):
         decode(data)
+
+
+def test_a_record_ends_at_its_first_torn_line_whatever_follows() -> None:
+    first = encode_line(record("a"))
+    torn = b'{"rev": 2, "status": "fini'
+    later = encode_line({"rev": 3, "status": "finished"})
+    folded, end = decode(first + torn + later)
+    assert folded == record("a")
+    assert end == len(first)
 
 
 # -- posts: one new file each ------------------------------------------------------------------
