@@ -19,7 +19,8 @@ database), and then:
 A FUSE layer that drops unsynced writes (Jepsen's LazyFS) tests the real kernel but needs
 /dev/fuse, which neither this machine nor CI offers; the recording here needs nothing, runs
 in seconds and explores states a real power cut would rarely produce. The exploration is
-bounded by ``TASKHOSTER_POWER_CUT_SECONDS`` (default 25 per flush mode) and reports how much it covered.
+bounded by ``TASKHOSTER_POWER_CUT_SECONDS`` (default 25 per flush mode) and reports how much
+it covered.
 """
 
 from __future__ import annotations
