@@ -16,9 +16,10 @@ database), and then:
 - every verdict answered before k (a result accepted, a final failure) stands;
 - the index says what the directories say.
 
-A FUSE layer that drops unsynced writes (Jepsen's LazyFS) tests the real kernel but needs
-/dev/fuse, which neither this machine nor CI offers; the recording here needs nothing, runs
-in seconds and explores states a real power cut would rarely produce. The exploration is
+A FUSE layer that drops unsynced writes (Jepsen's LazyFS) tests a real mount, but it is a C++
+daemon to build from source and run privileged beside the suite, and it drops the unsynced
+writes as a whole, not in every subset; the recording here needs nothing beyond the test,
+runs in seconds and explores states a real power cut would rarely produce. The exploration is
 bounded by ``TASKHOSTER_POWER_CUT_SECONDS`` (default 25 per flush mode) and reports how much
 it covered.
 """
