@@ -17,6 +17,9 @@ import signal
 import threading
 
 CRASH_POINTS = (
+    "group.after_files",
+    "group.before_commit",
+    "group.after_commit",
     "post.after_files",
     "post.after_index",
     "claim.after_rename",
@@ -34,11 +37,13 @@ class InjectedFault(RuntimeError):
 # Read once: a process is started with its faults armed (reading the environment on every
 # call would cost more than the rest of a crash point).
 _CRASH_AT = os.environ.get("TASKHOSTER_CRASH_AT")
+# With this set, a crash point of a group fires only in a group of at least this many.
+_CRASH_MIN_OPS = int(os.environ.get("TASKHOSTER_CRASH_MIN_OPS") or 0)
 _FAULTS = os.environ.get("TASKHOSTER_FAULT")
 
 
-def crash_point(name: str) -> None:
-    if name == _CRASH_AT:
+def crash_point(name: str, *, group_size: int | None = None) -> None:
+    if name == _CRASH_AT and (group_size is None or group_size >= _CRASH_MIN_OPS):
         # In a committer process, its server dies with it: the two are one server.
         server = os.environ.get("TASKHOSTER_COMMITTER_CHILD")
         if server:

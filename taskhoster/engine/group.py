@@ -206,7 +206,7 @@ class Group:
                 for op in self.ops:
                     if isinstance(op, Post):
                         self._answer(op, self._post, op)
-                crash_point("group.after_files")
+                crash_point("group.after_files", group_size=len(self.ops))
                 sql.update_rows(r for r in self.rows.values() if r.id not in self.removed)
                 sql.insert_rows(self.created)
                 sql.delete_rows(list(self.removed))
@@ -216,12 +216,12 @@ class Group:
                     self._claims(claims)
                 sql.add_counts(dict(self.counts), self.shard)
                 self.files.apply_unlinks()
-                crash_point("group.before_commit")
+                crash_point("group.before_commit", group_size=len(self.ops))
                 transaction.on_commit(self._announce)
         except BaseException:
             self.files.rollback()
             raise
-        crash_point("group.after_commit")
+        crash_point("group.after_commit", group_size=len(self.ops))
         if any(isinstance(op, Post) for op in self.ops):
             crash_point("post.after_index")
         if any(isinstance(op, Claim) for op in self.ops):

@@ -13,6 +13,8 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -400,3 +402,105 @@ def test_claim_killed_after_rename_does_not_use_up_an_attempt(
     assert [(c["id"], c["attempts"]) for c in claimed] == [(a, 1)]
     assert http.post(f"/api/items/{a}/result", json={"result": "ok"}).json()["accepted"] is True
     assert_index_matches_directories(state_root)
+
+
+# -- a crash in the middle of a crowded group ----------------------------------------------
+
+
+def _crowd(server: Any, key: str, held: list[dict[str, Any]]) -> dict[str, Any]:
+    """Many requests at once, so that they share groups: posts with keys (some threaded),
+    results and failures for held items, claims. Returns what was answered."""
+    headers = {"Authorization": f"Token {key}"}
+    acked: dict[str, Any] = {"posts": {}, "results": {}, "failed": set()}
+
+    def send(n: int) -> None:
+        with httpx.Client(base_url=server.url, headers=headers, timeout=15) as http:
+            try:
+                if n < 10:
+                    body = {"payload": f"p{n}", "key": f"k{n}", "threadId": f"t{n % 3}"}
+                    answer = http.post("/api/queues/q/items", json=body)
+                    if answer.status_code == 201:
+                        acked["posts"][answer.json()["id"]] = f"p{n}"
+                elif n < 10 + len(held):
+                    item = held[n - 10]
+                    if n % 4:
+                        answer = http.post(
+                            f"/api/items/{item['id']}/result", json={"result": {"r": n}}
+                        )
+                        if answer.status_code == 200 and answer.json()["accepted"]:
+                            acked["results"][item["id"]] = {"r": n}
+                    else:
+                        answer = http.post(
+                            f"/api/items/{item['id']}/fail",
+                            json={"lease": item["lease"], "retry": False, "error": "no"},
+                        )
+                        if answer.status_code == 200 and answer.json()["accepted"]:
+                            acked["failed"].add(item["id"])
+                else:
+                    http.post("/api/queues/q/claim", json={"max": 2})
+            except httpx.TransportError:
+                pass  # the server died: not acknowledged
+
+    with ThreadPoolExecutor(max_workers=24) as pool:
+        list(pool.map(send, range(10 + len(held) + 4)))
+    return acked
+
+
+@pytest.mark.parametrize(
+    "point", ["group.after_files", "group.before_commit", "group.after_commit"]
+)
+def test_sigkill_inside_a_crowded_group_loses_nothing_acknowledged(
+    server_factory, manage, connect, make_key, state_root: Path, point: str
+):
+    """Files written but no rows; rows written but not committed; committed but unanswered:
+    whatever a SIGKILL in a group of many leaves, repair resolves it without losing an
+    acknowledged post or verdict, without a second verdict, and without two members of a
+    thread at work."""
+    seed(
+        "q",
+        *({"payload": f"s{n}", "threadId": f"t{n % 3}" if n % 2 else None} for n in range(12)),
+        leaseSeconds=600,
+        maxAttempts=5,
+    )
+    normal = server_factory()
+    http = connect(normal)
+    held = http.post("/api/queues/q/claim", json={"max": 12}).json()["items"]
+    assert len(held) >= 6
+    normal.stop()
+
+    server = server_factory(TASKHOSTER_CRASH_AT=point, TASKHOSTER_CRASH_MIN_OPS="4")
+    key = make_key()
+    acked = _crowd(server, key, held)
+    assert server.proc.wait(20) == -signal.SIGKILL, "the server did not die inside a group"
+
+    manage(*REPAIR)
+    assert_index_matches_directories(state_root)
+    assert_threads_consistent()
+    for item_id, payload in acked["posts"].items():
+        assert Item.objects.get(id=item_id).key is not None, payload
+    for item_id in acked["results"]:
+        assert Item.objects.get(id=item_id).status == Status.FINISHED
+    for item_id in acked["failed"]:
+        assert Item.objects.get(id=item_id).status == Status.FAILED
+
+    http = connect(server_factory())
+    for item_id, result in acked["results"].items():
+        assert http.get(f"/api/items/{item_id}").json()["result"] == result
+        late = http.post(f"/api/items/{item_id}/result", json={"result": "second"}).json()
+        assert late == {"accepted": False, "status": "finished"}, "a second verdict"
+    manage("sweep", TASKHOSTER_CRASH_AT="")  # lapsed leases of the dead server come back
+    for n in range(10):
+        again = http.post(
+            "/api/queues/q/items",
+            json={"payload": f"p{n}", "key": f"k{n}", "threadId": f"t{n % 3}"},
+        )
+        assert again.status_code in (200, 201)
+        if again.json()["id"] in acked["posts"]:
+            assert again.status_code == 200, "a retried post made a second item"
+    # Whatever was held by the dead server lapses (600 s): take it back as the sweep would.
+    engine.sweep(at=utcnow() + timedelta(seconds=601))
+    finish_everything(http, "q")
+    counts = http.get("/api/queues/q").json()["counts"]
+    assert counts["pending"] == counts["processing"] == 0, counts
+    assert_index_matches_directories(state_root)
+    assert_threads_consistent()
