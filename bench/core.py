@@ -114,7 +114,7 @@ class Environment:
         return env
 
 
-def make_environment(args: argparse.Namespace) -> Environment:
+def make_environment(args: argparse.Namespace, suffix: str = "") -> Environment:
     parts = urlsplit(args.database_url or "")
     if args.database_url:
         if parts.scheme not in ("postgres", "postgresql", "pgsql"):
@@ -129,7 +129,7 @@ def make_environment(args: argparse.Namespace) -> Environment:
         return env
     env.label = "postgresql"
     env.pg_admin_url = args.database_url
-    name = f"bench_core_{os.getpid()}"
+    name = f"bench_core_{os.getpid()}{'_' + suffix if suffix else ''}"
     try:
         _pg_execute(args.database_url, "CREATE DATABASE {}", name)
     except BaseException:
