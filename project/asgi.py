@@ -13,9 +13,16 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from twisted.web import http as twisted_http  # noqa: E402
 
 from taskhoster.asgi import OneHopASGIHandler  # noqa: E402
+from taskhoster.conf import get_conf  # noqa: E402
 from taskhoster.engine import committer  # noqa: E402
 from taskhoster.routing import websocket_urlpatterns  # noqa: E402
 
+# The state root exists from the start, so /healthz answers about it plainly (a root that
+# cannot be created is reported there, not raised here).
+try:
+    get_conf().root.mkdir(parents=True, exist_ok=True)
+except OSError:
+    pass
 committer.start()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -18,6 +19,7 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from taskhoster import engine
+from taskhoster.conf import get_conf
 from taskhoster.models import Item, Queue
 
 ITEM_FIELDS = {
@@ -944,10 +946,47 @@ def test_schema_offers_one_item_or_a_batch_as_the_post_body(client):
 
 
 @pytest.mark.django_db
-def test_healthz_answers_200_without_a_key(client):
+def test_healthz_answers_200_without_a_key_and_names_what_this_process_uses(client, state_root):
+    state_root.mkdir()  # as a server's start does
     response = client.get("/healthz")
     assert response.status_code == 200
-    assert response.json()["status"] == "ok"
+    body = response.json()
+    assert body["status"] == "ok"
+    assert body["database"]["vendor"] == connection.vendor
+    assert body["database"]["reachable"] is True
+    assert body["stateRoot"] == {"path": str(state_root.resolve()), "reachable": True}
+    assert body["bus"]["reachable"] is True
+    assert body["bus"]["kind"] == ("redis" if get_conf().redis_url else "doorbell")
+    assert body["pid"] == os.getpid()
+
+
+@pytest.mark.django_db
+def test_healthz_answers_503_naming_a_missing_state_root(client, settings, tmp_path):
+    settings.TASKHOSTER = {**settings.TASKHOSTER, "ROOT": str(tmp_path / "nowhere")}
+    response = client.get("/healthz")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["status"] == "unavailable"
+    assert body["stateRoot"]["path"] == str(tmp_path / "nowhere")
+    assert body["stateRoot"]["reachable"] is False
+    assert "missing" in body["stateRoot"]["error"]
+    assert body["database"]["reachable"] is True
+
+
+@pytest.mark.django_db
+def test_healthz_answers_503_when_redis_does_not_answer_and_hides_its_password(
+    client, settings, state_root
+):
+    state_root.mkdir()
+    url = "redis://user:secret@127.0.0.1:9/0"  # the discard port: nothing listens
+    settings.TASKHOSTER = {**settings.TASKHOSTER, "REDIS_URL": url}
+    response = client.get("/healthz")
+    assert response.status_code == 503
+    bus = response.json()["bus"]
+    assert bus["kind"] == "redis"
+    assert bus["reachable"] is False
+    assert bus["url"] == "redis://user:***@127.0.0.1:9/0"
+    assert "secret" not in response.content.decode()
 
 
 def _metric(text: str, name: str, **labels: str) -> float:
