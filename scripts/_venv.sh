@@ -8,6 +8,10 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/python -m pip install -q --upgrade pip
 fi
 stamp=".venv/.installed-${extra:-base}"
+# "dev" holds every extra: while it is up to date, it serves the others too.
+if [ -f .venv/.installed-dev ] && [ ! pyproject.toml -nt .venv/.installed-dev ]; then
+  stamp=.venv/.installed-dev
+fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   if [ -n "$extra" ]; then
     .venv/bin/python -m pip install -q -e ".[${extra}]"
