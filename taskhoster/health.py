@@ -8,6 +8,7 @@ path), so two processes that disagree about what they share show it at once.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -49,6 +50,14 @@ def database() -> dict[str, Any]:
     return answer
 
 
+@functools.lru_cache(maxsize=4)
+def _redis_client(url: str) -> Any:
+    """One client (and its connection pool) per URL for the life of the process."""
+    import redis
+
+    return redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+
+
 def bus() -> dict[str, Any]:
     """The news bus that wakes sockets in other processes (``taskhoster.bus``)."""
     url = get_conf().redis_url
@@ -57,13 +66,7 @@ def bus() -> dict[str, Any]:
         return {"kind": "doorbell", "scope": "this host", "reachable": True}
     answer: dict[str, Any] = {"kind": "redis", "url": _redacted(url)}
     try:
-        import redis
-
-        client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
-        try:
-            answer["reachable"] = bool(client.ping())
-        finally:
-            client.close()
+        answer["reachable"] = bool(_redis_client(url).ping())
     except Exception as exc:
         answer["reachable"] = False
         answer["error"] = _error(exc)
