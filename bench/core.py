@@ -688,9 +688,18 @@ def print_queries(found: dict[str, list[str]]) -> None:
 
 
 class Profiler:
-    def __init__(self, pid: int, out: Path, seconds: float, rate: int, gil: bool = False) -> None:
+    def __init__(
+        self,
+        pid: int,
+        out: Path,
+        seconds: float,
+        rate: int,
+        gil: bool = False,
+        subprocesses: bool = False,
+    ) -> None:
         """py-spy on ``pid``; with ``gil``, only the thread holding the GIL is sampled (where
-        the interpreter's time goes), else every thread, idle ones included."""
+        the interpreter's time goes), else every thread, idle ones included; with
+        ``subprocesses``, its child processes too (the committer process)."""
         exe = shutil.which(
             "py-spy",
             path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
@@ -716,6 +725,7 @@ class Profiler:
                 "--output",
                 str(out),
                 "--nonblocking",
+                *(["--subprocesses"] if subprocesses else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

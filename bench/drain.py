@@ -7,10 +7,10 @@ capacity 16, answering every item with a result at once) start, and the clock ru
 moment the first one is subscribed until ``GET /api/queues/bench`` counts every item
 finished. The figure is items per second, as the peer benchmark's "backlog drain".
 
-``--profile DIR`` records daphne with py-spy during the drain, sampling only the thread that
-holds the GIL (one process runs one thread of Python at a time: that time is the limit), and
-prints, per thread kind (the event loop, the committer, the rest), the functions with the
-most time in microseconds per item::
+``--profile DIR`` records daphne and its committer process with py-spy during the drain,
+sampling in each process only the thread that holds the GIL (one process runs one thread of
+Python at a time: that time is the limit), and prints, per thread kind (the event loop, the
+committer, the rest), the functions with the most time in microseconds per item::
 
     .venv/bin/python bench/drain.py --items 20000
     .venv/bin/python bench/drain.py --items 5000 --profile /tmp/drain-prof
@@ -80,6 +80,9 @@ def summarize(path: Path, rate: int, items: int, top: int) -> None:
     per_kind: dict[str, Counter[str]] = defaultdict(Counter)
     samples: Counter[str] = Counter()
     for thread, frames, count in collapsed_stacks(path):
+        # --subprocesses: "process PID:COMMAND" (and the child's) come first, then the thread
+        while thread.startswith("process ") and frames:
+            thread, frames = frames[0][0], frames[1:]
         kind = (
             "committer"
             if "taskhoster-committer" in thread
@@ -150,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.timeout,
                     args.profile_rate,
                     gil=True,
+                    subprocesses=True,
                 )
             load_before = load_average()
             workers = [WorkerProcess(server.url, key) for _ in range(args.workers)]

@@ -158,9 +158,9 @@ class Meter:
         self.t0 = time.monotonic()
         self.cpu0 = _cpu_busy()
         self.disk0 = _disk_busy_ms()
-        self.sample()
+        self.sample(started=True)
 
-    def sample(self) -> None:
+    def sample(self, started: bool = False) -> None:
         procs = _processes()
         for pid in procs:
             kind = self.kinds.get(pid) or _kind(pid, procs)
@@ -168,7 +168,9 @@ class Meter:
                 continue
             self.kinds[pid] = kind
             seconds = _cpu_seconds(pid)
-            self.first.setdefault(pid, seconds if self.last else 0.0)
+            # A process running when the meter started counts from then; one started since,
+            # from its start.
+            self.first.setdefault(pid, seconds if started else 0.0)
             self.last[pid] = seconds
 
     def stop(self) -> Usage:
@@ -177,7 +179,10 @@ class Meter:
         busy, total = _cpu_busy()
         cores: dict[str, float] = defaultdict(float)
         for pid, seconds in self.last.items():
-            cores[self.kinds[pid]] += (seconds - self.first.get(pid, 0.0)) / elapsed
+            used = (seconds - self.first.get(pid, 0.0)) / elapsed
+            cores[self.kinds[pid]] += used
+            if self.kinds[pid] == "daphne":
+                cores["busiest daphne"] = max(cores["busiest daphne"], used)
         return Usage(
             seconds=elapsed,
             machine_busy=(busy - self.cpu0[0]) / max(total - self.cpu0[1], 1.0),
@@ -407,8 +412,8 @@ def print_table(args: argparse.Namespace, env: Any, rows: list[Row]) -> None:
         f"capacity 16; load average {load_average()}"
     )
     print(
-        "| processes | what | rate (median) | machine CPU | cores: daphne | committer | "
-        "postgres | redis | load | disk busy | note |"
+        "| processes | what | rate (median) | machine CPU | cores: daphnes (busiest) | "
+        "committers | postgres | redis | load | disk busy | note |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     grouped: dict[tuple[int, str], list[Row]] = defaultdict(list)
@@ -422,7 +427,8 @@ def print_table(args: argparse.Namespace, env: Any, rows: list[Row]) -> None:
         print(
             f"| {processes} | {what} | {statistics.median(rates):,.0f}"
             f"{' (' + ', '.join(f'{r:,.0f}' for r in rates) + ')' if len(rates) > 1 else ''} | "
-            f"{use.machine_busy:.0%} | {c.get('daphne', 0):.2f} | {c.get('committer', 0):.2f} | "
+            f"{use.machine_busy:.0%} | {c.get('daphne', 0):.2f} ({c.get('busiest daphne', 0):.2f})"
+            f" | {c.get('committer', 0):.2f} | "
             f"{c.get('postgres', 0):.2f} | {c.get('redis', 0):.2f} | {c.get('load', 0):.2f} | "
             f"{use.disk_busy:.0%} | {middle.note} |"
         )

@@ -85,7 +85,8 @@ LATENCY_QUEUE = "bench-latency"  # its own queue: the throughput run starts from
 BATCH = 500
 WORKER_PROCESSES = 2
 RESULT = {"ok": True}
-TARGETS = {"p50_ms": 5.0, "p99_ms": 25.0, "items_per_second": 2000.0}
+# The targets of the throughput work: post-to-receipt latency at 200 posts/s, and end to end.
+TARGETS = {"p50_ms": 10.0, "p99_ms": 50.0, "items_per_second": 1500.0}
 
 
 def ws_url(http_url: str) -> str:
