@@ -103,7 +103,8 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = root.parent / f"daphne-{self.port}.log"
 
-    def start(self) -> Server:
+    def start(self, *, healthy: bool = True) -> Server:
+        """Start it and wait until ``/healthz`` answers 200 (any answer: ``healthy=False``)."""
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [
@@ -126,7 +127,8 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"daphne exited: {self.log.read_text()[-2000:]}")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                status = httpx.get(f"{self.url}/healthz", timeout=5).status_code
+                if status == 200 or not healthy:
                     return self
             except httpx.HTTPError:
                 time.sleep(0.1)

@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -49,6 +50,13 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response(error_body("bad_request", str(exc) or "bad request"), status=400)
     if isinstance(exc, PermissionDenied):
         return Response(error_body("permission_denied", "permission denied"), status=403)
+    if isinstance(exc, OperationalError | InterfaceError):
+        # The database did not answer (down, unreachable, a pool timeout, a lock held too
+        # long): a condition to retry (a post with its key), not a bug.
+        log.warning("the database did not answer in %s: %s", context.get("view"), exc)
+        return Response(
+            error_body("unavailable", "the database did not answer; try again"), status=503
+        )
     response = drf_exception_handler(exc, context)
     if response is None or not isinstance(exc, exceptions.APIException):
         log.exception("unhandled error in %s", context.get("view"))

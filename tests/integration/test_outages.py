@@ -1,0 +1,41 @@
+"""A shared part that does not answer: the server says which, and answers 503, never 500."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from ..conftest import Server
+
+pytestmark = pytest.mark.slow
+
+
+def test_an_unreachable_database_gives_503_unavailable_and_healthz_names_it(state_root):
+    state_root.mkdir()
+    # Port 1: nothing listens, so every connection is refused at once.
+    server = Server(
+        state_root, DATABASE_URL="postgres://postgres@127.0.0.1:1/nowhere", TASKHOSTER_DB_POOL="0"
+    )
+    server.start(healthy=False)
+    try:
+        health = httpx.get(f"{server.url}/healthz", timeout=10)
+        assert health.status_code == 503
+        body = health.json()
+        assert body["status"] == "unavailable"
+        assert body["database"]["vendor"] == "postgresql"
+        assert body["database"]["reachable"] is False
+        assert body["database"]["host"] == "127.0.0.1:1"
+        assert body["stateRoot"]["reachable"] is True
+        headers = {"Authorization": "Token th_whatever"}
+        for method, path, json in [
+            ("POST", "/api/queues/q/items", {"payload": 1}),
+            ("GET", "/api/queues", None),
+            ("GET", "/api/items/01ARZ3NDEKTSV4RRFFQ69G5FAV", None),
+        ]:
+            answer = httpx.request(
+                method, f"{server.url}{path}", json=json, headers=headers, timeout=10
+            )
+            assert answer.status_code == 503, (path, answer.text)
+            assert answer.json()["error"]["code"] == "unavailable"
+    finally:
+        server.stop()
