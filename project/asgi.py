@@ -1,5 +1,6 @@
 """ASGI entry point: HTTP through Django, WebSockets through Channels."""
 
+import contextlib
 import os
 
 import django
@@ -19,10 +20,8 @@ from taskhoster.routing import websocket_urlpatterns  # noqa: E402
 
 # The state root exists from the start, so /healthz answers about it plainly (a root that
 # cannot be created is reported there, not raised here).
-try:
+with contextlib.suppress(OSError):
     get_conf().root.mkdir(parents=True, exist_ok=True)
-except OSError:
-    pass
 committer.start()
 
 
