@@ -42,6 +42,10 @@ QUEUE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SUFFIX = ".json"
 TMP_SUFFIX = ".tmp"
 TRASH = ".trash"
+# A group that removes at least this many files lists them in one file under the trash
+# directory instead of unlinking each inside the group; they are unlinked behind it.
+DEFER_UNLINKS_AT = 64
+UNLINK_LIST_SUFFIX = ".unlink"
 QUARANTINE = ".quarantine"
 
 Record = dict[str, Any]
@@ -295,6 +299,69 @@ class StateStore:
         shutil.rmtree(path, ignore_errors=True)
         return removed
 
+    def unlink_lists(self, *, older_than: float | None = None) -> list[Path]:
+        """The lists of files to remove left in the trash directory (``FileBatch``), oldest
+        first; with ``older_than`` (a time), only those last changed before it."""
+        if not self.trash_dir.is_dir():
+            return []
+        found = []
+        for entry in os.scandir(self.trash_dir):
+            if not entry.name.endswith(UNLINK_LIST_SUFFIX) or not entry.is_file():
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                mtime = entry.stat().st_mtime
+                if older_than is None or mtime < older_than:
+                    found.append((mtime, Path(entry.path)))
+        return [path for _mtime, path in sorted(found)]
+
+    def listed_for_removal(self) -> set[tuple[str, str]]:
+        """(queue, item id) of every file some list still names."""
+        found = set()
+        for path in self.unlink_lists():
+            with contextlib.suppress(FileNotFoundError):
+                for name in path.read_text().splitlines():
+                    parts = name.split("/")
+                    if len(parts) == 3:
+                        found.add((parts[0], parts[2]))
+        return found
+
+    def reclaim_list(self, path: Path) -> int:
+        """Unlink every file a list names, make that durable, then remove the list; returns
+        the files removed. Idempotent: a file already gone is skipped, so two reclaimers (or
+        a crash half-way) do no harm. Each name is looked for in its listed state first."""
+        if path.parent != self.trash_dir or not path.name.endswith(UNLINK_LIST_SUFFIX):
+            raise StoreError("not a list of files to remove", code="invalid_path")
+        try:
+            names = path.read_text().splitlines()
+        except FileNotFoundError:
+            return 0  # another reclaimer finished it
+        removed = 0
+        directories: set[str] = set()
+        for name in names:
+            parts = name.split("/")
+            if len(parts) != 3 or not QUEUE_NAME_PATTERN.fullmatch(parts[0]):
+                continue
+            queue, first, item_id = parts
+            if not ID_PATTERN.fullmatch(item_id) or first not in {s.value for s in State}:
+                continue
+            listed = State(first)
+            for state in (listed, *(s for s in State if s is not listed)):
+                target = self.item_file(queue, state, item_id)
+                try:
+                    self.sys.unlink(target)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    raise StoreError(f"could not remove item file: {exc}") from exc
+                directories.add(os.path.dirname(target))
+                removed += 1
+                break
+        # The unlinks reach the disk before the list that vouches for them goes.
+        self.barrier(set(), directories or {str(self.trash_dir)})
+        with contextlib.suppress(FileNotFoundError):
+            self.sys.unlink(str(path))
+        return removed
+
     # -- scanning (repair only: never on a hot path) -------------------------------------
 
     def queues(self) -> list[str]:
@@ -381,6 +448,8 @@ class FileBatch:
     unlinks: list[tuple[str, str, State]] = field(default_factory=list)
     written: set[str] = field(default_factory=set)
     directories: set[str] = field(default_factory=set)
+    # Lists of files to unlink once the group is durable (see ``apply_unlinks``).
+    deferred: list[str] = field(default_factory=list)
 
     def create(self, queue: str, item_id: str, line: bytes) -> None:
         """A new item: its file in ``pending/``, holding its first line."""
@@ -437,6 +506,18 @@ class FileBatch:
         self.unlinks.append((queue, item_id, state))
 
     def apply_unlinks(self) -> None:
+        """Remove the files of ``remove``: at once, or, for many, by a list.
+
+        Unlinking a file costs about as much as the rest of a deleted item's work, so a group
+        removing many files writes their names into one list file in the trash directory
+        instead (made durable with the group's other files). The group's answer waits for
+        that flush; the files are unlinked behind it (``StateStore.reclaim_list``), and a list
+        left by a crash is finished by the sweep or by repair before it indexes any file, so
+        a deleted item never comes back. A group that fails removes its list (``rollback``).
+        """
+        if len(self.unlinks) >= DEFER_UNLINKS_AT:
+            self._defer_unlinks()
+            return
         for queue, item_id, first in self.unlinks:
             for state in (first, *(s for s in State if s is not first)):
                 path = self.store.item_file(queue, state, item_id)
@@ -448,6 +529,24 @@ class FileBatch:
                     raise StoreError(f"could not remove item file: {exc}") from exc
                 self.directories.add(os.path.dirname(path))
                 break
+        self.unlinks.clear()
+
+    def _defer_unlinks(self) -> None:
+        lines = "".join(f"{q}/{state.value}/{i}\n" for q, i, state in self.unlinks)
+        trash = self.store.trash_dir
+        target = str(trash / f"{secrets.token_hex(8)}{UNLINK_LIST_SUFFIX}")
+        try:
+            try:
+                self.store.sys.create(target, lines.encode())
+            except FileNotFoundError:
+                trash.mkdir(parents=True, exist_ok=True)
+                self.store.sys.create(target, lines.encode())
+        except OSError as exc:
+            raise StoreError(f"could not write the list of files to remove: {exc}") from exc
+        self.undo.append(("create", target, None))
+        self.written.add(target)
+        self.directories.add(str(trash))
+        self.deferred.append(target)
         self.unlinks.clear()
 
     def rollback(self) -> None:
@@ -462,6 +561,7 @@ class FileBatch:
                     self.store.sys.unlink(path)
         self.undo.clear()
         self.unlinks.clear()
+        self.deferred.clear()
 
     def flush(self) -> None:
         self.store.barrier(self.written, self.directories)

@@ -40,6 +40,7 @@ from django.db import IntegrityError, OperationalError, connection
 from .. import metrics
 from ..conf import get_conf
 from ..errors import TaskhosterError
+from . import reclaim
 from .common import store
 from .group import Group
 from .ops import Claim, Extend, MarkFetched, Op, Release
@@ -105,6 +106,9 @@ def run_group(ops: list[Op], shard: int) -> None:
             group.files.flush()
         except TaskhosterError as exc:
             after_flush = _flush_failed(after_flush, exc)
+        else:
+            if group.files.deferred:
+                reclaim.later(group.files.deferred)
         answer(after_flush)
         return
 

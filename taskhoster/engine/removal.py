@@ -26,6 +26,7 @@ from ..errors import QueueNotFound
 from ..models import Item, Queue, QueueCount, Thread
 from ..status import Status
 from ..store import StoreError, write_queue_settings
+from . import reclaim
 from .common import store
 from .group import QUEUE_LOCK_CLASS
 from .queues import queue_settings
@@ -121,6 +122,7 @@ def reclaim_deleted_queues(*, wait: bool = True) -> int:
     try:
         reclaimed = 0
         st = store()
+        reclaim.leftovers(get_conf().repair_grace_seconds)
         for queue in Queue.objects.filter(deleting=True):
             reclaimed += _reclaim_rows(queue)
             trash = st.trash_dir / f"{queue.name}.{_trash_token(queue)}"

@@ -41,6 +41,7 @@ from ..status import LIVE_STATUSES, State, Status
 from ..store import FoundFile, Record, StoreError, read_queue_settings
 from ..timeutil import now as utcnow
 from ..timeutil import parse_wire
+from . import reclaim
 from .common import store
 from .rows import first_pending_member
 
@@ -80,6 +81,10 @@ class RepairReport:
 def repair(*, grace_seconds: float) -> RepairReport:
     report = RepairReport()
     st = store()
+    # Deletes whose files were still to be unlinked: finish the old ones, and never index a
+    # file a younger one names (its row is gone, or going, with the delete).
+    report.stale_files_removed += reclaim.leftovers(grace_seconds)
+    doomed = st.listed_for_removal()
     for queue in Queue.objects.filter(deleting=False):
         trash = st.trash_dir / f"{queue.name}.{queue.id}"
         if not st.queue_dir(queue.name).exists() and trash.is_dir():
@@ -90,7 +95,7 @@ def repair(*, grace_seconds: float) -> RepairReport:
         if found is None:
             found = _restore_queue(name)
             report.queues_restored += 1
-        _repair_queue(found, grace_seconds, report)
+        _repair_queue(found, grace_seconds, report, doomed)
     return report
 
 
@@ -107,7 +112,9 @@ def _expected_status(state: State, record: Record) -> Status:
     return Status(state.value)
 
 
-def _repair_queue(queue: Queue, grace: float, report: RepairReport) -> None:
+def _repair_queue(
+    queue: Queue, grace: float, report: RepairReport, doomed: set[tuple[str, str]]
+) -> None:
     st = store()
     cutoff = time.time() - grace
     for tmp in st.stale_temporaries(queue.name):
@@ -119,6 +126,8 @@ def _repair_queue(queue: Queue, grace: float, report: RepairReport) -> None:
     for found_file in st.scan(queue.name):
         by_id[found_file.item_id].append(found_file)
     for item_id, files in by_id.items():
+        if (queue.name, item_id) in doomed:
+            continue
         try:
             # a claim renames without rewriting: a rename changes ctime, not mtime
             if max(max(s.st_mtime, s.st_ctime) for s in (f.path.stat() for f in files)) >= cutoff:

@@ -10,6 +10,7 @@ item can then be claimed and finished normally.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -22,8 +23,9 @@ import httpx
 import pytest
 
 from taskhoster import engine
+from taskhoster.engine.common import store
 from taskhoster.models import Item
-from taskhoster.status import Status
+from taskhoster.status import State, Status
 from taskhoster.timeutil import now as utcnow
 
 from .consistency import (
@@ -504,3 +506,74 @@ def test_sigkill_inside_a_crowded_group_loses_nothing_acknowledged(
     assert counts["pending"] == counts["processing"] == 0, counts
     assert_index_matches_directories(state_root)
     assert_threads_consistent()
+
+
+# -- deletes of many: files unlinked behind the group, by a durable list -------------------------
+
+
+def test_a_large_delete_lists_its_files_and_they_go_behind_it(state_root: Path, transactional_db):
+    """Rows and the answer at once; the files by the list, after the group is durable."""
+    ids = seed("q", *({"payload": n} for n in range(150)))
+    assert engine.delete_by_status(queue_name="q", status=Status.PENDING) == 150
+    assert not Item.objects.filter(id__in=ids).exists()
+    deadline = time.monotonic() + 20
+    while files_on_disk(state_root) or store().unlink_lists():
+        assert time.monotonic() < deadline, "the listed files were not reclaimed"
+        time.sleep(0.05)
+    assert_index_matches_directories(state_root)
+
+
+@pytest.mark.parametrize("point", ["group.before_commit", "group.after_commit"])
+def test_a_large_delete_killed_mid_group_never_brings_deleted_items_back(
+    server_factory, manage, connect, state_root: Path, point: str
+):
+    """Killed with its list written (not committed, or committed but not flushed nor
+    reclaimed): repair finishes the list before it indexes a file, so an item is either
+    still there whole or gone for good, never back from the dead."""
+    ids = seed("q", *({"payload": n} for n in range(150)))
+    server = server_factory(TASKHOSTER_CRASH_AT=point, TASKHOSTER_CRASH_MIN_OPS="1")
+    http = connect(server)
+    body = {"status": "pending"}
+    crash_during(server, lambda: http.post("/api/queues/q/items/delete", json=body))
+    assert store().unlink_lists(), "the delete died without its list: the test proves nothing"
+    manage(*REPAIR)
+    assert not store().unlink_lists()
+    assert_index_matches_directories(state_root)
+    left = set(Item.objects.filter(id__in=ids).values_list("id", flat=True))
+    if point == "group.after_commit":
+        assert left == set(), "a committed delete came back"
+    # and a later sweep or repair changes nothing more
+    manage(*REPAIR)
+    assert set(Item.objects.filter(id__in=ids).values_list("id", flat=True)) == left
+    assert_index_matches_directories(state_root)
+
+
+def test_repair_beside_a_live_reclaim_never_indexes_a_listed_file(
+    state_root: Path, transactional_db
+):
+    """A committed delete whose list is young (its reclaim still running elsewhere): repair
+    with the default grace must not take the listed files, whose rows are gone, as items to
+    index."""
+    seed("q", *({"payload": n} for n in range(80)))
+    st = store()
+    batch = st.batch()
+    rows = list(Item.objects.all())
+    for row in rows:
+        batch.remove("q", row.id, State.PENDING)
+    batch.apply_unlinks()  # a list, not unlinks: 80 >= DEFER_UNLINKS_AT
+    batch.flush()
+    assert len(st.unlink_lists()) == 1
+    assert len(files_on_disk(state_root)) == 80
+    Item.objects.all().delete()  # the group's rows, committed
+    # The list is young (written "now + 1 h"), the files are not: repair leaves the list
+    # to its reclaimer, and must not index the files it names.
+    (listed,) = st.unlink_lists()
+    soon = time.time() + 3600
+    os.utime(listed, (soon, soon))
+    engine.repair(grace_seconds=0)
+    assert not Item.objects.exists(), "repair brought deleted items back"
+    assert len(files_on_disk(state_root)) == 80
+    os.utime(listed, (time.time() - 10, time.time() - 10))
+    engine.repair(grace_seconds=0)  # old enough now: the list is finished
+    assert not files_on_disk(state_root)
+    assert not st.unlink_lists()
