@@ -24,6 +24,36 @@ from taskhoster.keys import create_key
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """pytest-django's, and before the test database is dropped, no other session on it.
+
+    PostgreSQL refuses to drop a database another session holds (after waiting 5 s), and the
+    suite starts hundreds of server, committer and sweep processes and threads; one still
+    holding a connection as the session ends (a pooled connection a thread has not given
+    back) would turn a green run red at teardown. Name it, then end it.
+    """
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        if connection.vendor != "postgresql":
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid, application_name, client_port, state, left(query, 80) "
+                "FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid()"
+            )
+            others = cursor.fetchall()
+            if others:
+                sys.stderr.write(f"\nsessions still on the test database, ended: {others}\n")
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+
+
 @pytest.fixture(autouse=True)
 def state_root(tmp_path: Path, settings: Any) -> Path:
     root = tmp_path / "state"
