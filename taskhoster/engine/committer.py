@@ -210,8 +210,10 @@ class Committer:
                 idle += 1
                 try:
                     metrics.maybe_flush(force=True)
-                    if idle == IDLE_CLOSE_ROUNDS:
-                        # Give the connection back (a pool, or a test database to drop).
+                    if idle >= IDLE_CLOSE_ROUNDS:
+                        # Give the connection back (a pool, or a test database to drop),
+                        # again after any later flush of metrics counted while idle: a
+                        # closed connection costs nothing to close.
                         connection.close()
                 except Exception as exc:  # the database is away: nothing to do while idle
                     log.debug("idle committer: %s", exc)
