@@ -299,6 +299,43 @@ class StateStore:
         shutil.rmtree(path, ignore_errors=True)
         return removed
 
+    def unlink_item(self, queue: str, item_id: str, first: State) -> str | None:
+        """Unlink an item's file, looked for in ``first`` and then the other states (a crash
+        may have left it ahead of its row); the directory it was in, or None if it was
+        nowhere."""
+        for state in (first, *(s for s in State if s is not first)):
+            path = self.item_file(queue, state, item_id)
+            try:
+                self.sys.unlink(path)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise StoreError(f"could not remove item file: {exc}") from exc
+            return os.path.dirname(path)
+        return None
+
+    @staticmethod
+    def _listed(path: Path) -> list[tuple[str, State, str]]:
+        """(queue, state, item id) of each valid line of a list; [] if it is gone."""
+        try:
+            names = path.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        states = {s.value: s for s in State}
+        found = []
+        for name in names:
+            parts = name.split("/")
+            if len(parts) != 3:
+                continue
+            queue, state, item_id = parts
+            if (
+                QUEUE_NAME_PATTERN.fullmatch(queue)
+                and state in states
+                and ID_PATTERN.fullmatch(item_id)
+            ):
+                found.append((queue, states[state], item_id))
+        return found
+
     def unlink_lists(self, *, older_than: float | None = None) -> list[Path]:
         """The lists of files to remove left in the trash directory (``FileBatch``), oldest
         first; with ``older_than`` (a time), only those last changed before it."""
@@ -316,46 +353,25 @@ class StateStore:
 
     def listed_for_removal(self) -> set[tuple[str, str]]:
         """(queue, item id) of every file some list still names."""
-        found = set()
-        for path in self.unlink_lists():
-            with contextlib.suppress(FileNotFoundError):
-                for name in path.read_text().splitlines():
-                    parts = name.split("/")
-                    if len(parts) == 3:
-                        found.add((parts[0], parts[2]))
-        return found
+        return {
+            (queue, item_id)
+            for path in self.unlink_lists()
+            for queue, _state, item_id in self._listed(path)
+        }
 
     def reclaim_list(self, path: Path) -> int:
         """Unlink every file a list names, make that durable, then remove the list; returns
         the files removed. Idempotent: a file already gone is skipped, so two reclaimers (or
-        a crash half-way) do no harm. Each name is looked for in its listed state first."""
+        a crash half-way) do no harm."""
         if path.parent != self.trash_dir or not path.name.endswith(UNLINK_LIST_SUFFIX):
             raise StoreError("not a list of files to remove", code="invalid_path")
-        try:
-            names = path.read_text().splitlines()
-        except FileNotFoundError:
-            return 0  # another reclaimer finished it
         removed = 0
         directories: set[str] = set()
-        for name in names:
-            parts = name.split("/")
-            if len(parts) != 3 or not QUEUE_NAME_PATTERN.fullmatch(parts[0]):
-                continue
-            queue, first, item_id = parts
-            if not ID_PATTERN.fullmatch(item_id) or first not in {s.value for s in State}:
-                continue
-            listed = State(first)
-            for state in (listed, *(s for s in State if s is not listed)):
-                target = self.item_file(queue, state, item_id)
-                try:
-                    self.sys.unlink(target)
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    raise StoreError(f"could not remove item file: {exc}") from exc
-                directories.add(os.path.dirname(target))
+        for queue, state, item_id in self._listed(path):
+            directory = self.unlink_item(queue, item_id, state)
+            if directory is not None:
+                directories.add(directory)
                 removed += 1
-                break
         # The unlinks reach the disk before the list that vouches for them goes.
         self.barrier(set(), directories or {str(self.trash_dir)})
         with contextlib.suppress(FileNotFoundError):
@@ -519,16 +535,9 @@ class FileBatch:
             self._defer_unlinks()
             return
         for queue, item_id, first in self.unlinks:
-            for state in (first, *(s for s in State if s is not first)):
-                path = self.store.item_file(queue, state, item_id)
-                try:
-                    self.store.sys.unlink(path)
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    raise StoreError(f"could not remove item file: {exc}") from exc
-                self.directories.add(os.path.dirname(path))
-                break
+            directory = self.store.unlink_item(queue, item_id, first)
+            if directory is not None:
+                self.directories.add(directory)
         self.unlinks.clear()
 
     def _defer_unlinks(self) -> None:
