@@ -8,7 +8,6 @@ path), so two processes that disagree about what they share show it at once.
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -16,8 +15,10 @@ from urllib.parse import urlsplit, urlunsplit
 from django.conf import settings
 from django.db import connection
 
+from . import bus as news_bus
 from . import metrics
 from .conf import get_conf
+from .engine.common import store
 
 
 def _redacted(url: str) -> str:
@@ -50,23 +51,18 @@ def database() -> dict[str, Any]:
     return answer
 
 
-@functools.lru_cache(maxsize=4)
-def _redis_client(url: str) -> Any:
-    """One client (and its connection pool) per URL for the life of the process."""
-    import redis
-
-    return redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
-
-
 def bus() -> dict[str, Any]:
     """The news bus that wakes sockets in other processes (``taskhoster.bus``)."""
     url = get_conf().redis_url
-    if not url:
+    answer: dict[str, Any] = (
+        {"kind": "redis", "url": _redacted(url)}
+        if url
         # The doorbell: abstract unix sockets, so only processes of this host hear it.
-        return {"kind": "doorbell", "scope": "this host", "reachable": True}
-    answer: dict[str, Any] = {"kind": "redis", "url": _redacted(url)}
+        else {"kind": "doorbell", "scope": "this host"}
+    )
     try:
-        answer["reachable"] = bool(_redis_client(url).ping())
+        news_bus.ping()
+        answer["reachable"] = True
     except Exception as exc:
         answer["reachable"] = False
         answer["error"] = _error(exc)
@@ -81,8 +77,8 @@ def channel_layer() -> dict[str, Any]:
 
 
 def state_root() -> dict[str, Any]:
-    root = get_conf().root
-    answer: dict[str, Any] = {"path": str(root.resolve())}
+    root = store().root  # resolved once, when the store was made
+    answer: dict[str, Any] = {"path": str(root)}
     if not root.is_dir():
         answer["reachable"] = False
         answer["error"] = "missing: run manage.py bootstrap, or create it"
