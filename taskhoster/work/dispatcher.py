@@ -30,6 +30,7 @@ from django.db import close_old_connections
 from .. import bus, engine, events, metrics
 from ..conf import get_conf
 from ..errors import QueueNotFound
+from ..faults import fault
 from ..models import Item
 
 log = logging.getLogger(__name__)
@@ -149,9 +150,12 @@ class Dispatcher:
         """Claim for the free slots of this process's sockets on ``queue`` (not already
         reserved by a claim in flight). Claims do not wait for each other: each freed slot
         can join the very next group commit."""
-        if not any(queue in w.queues and self._free(w) > 0 for w in self.workers):
-            if self.claiming.get(queue):
-                self.dirty.add(queue)  # news during a claim: look once more afterwards
+        serving = [w for w in self.workers if queue in w.queues]
+        if not any(self._free(w) > 0 for w in serving):
+            if self.claiming.get(queue) or any(w.reserved for w in serving):
+                # News while a claim is in flight (for this queue, or for another queue of
+                # these sockets, holding their free slots): look once more when one ends.
+                self.dirty.add(queue)
             return
         self.claiming[queue] = self.claiming.get(queue, 0) + 1
         self.loop.create_task(self._claim(queue))
@@ -183,6 +187,8 @@ class Dispatcher:
                 total += share
             if not shares:
                 return
+            if fault("dispatch.slow_claim"):
+                await asyncio.sleep(1.0)
             try:
                 claimed = await engine.claim_async(queue_name=queue, max_items=total)
             except QueueNotFound:
@@ -199,15 +205,26 @@ class Dispatcher:
             again = len(claimed) == total  # there may be more for other free slots
         finally:
             self.claiming[queue] -= 1
-        if again or queue in self.dirty:
-            self.wake(queue)
+        # The slots this claim reserved and did not fill are free again: look at the queues
+        # that had news meanwhile (each marks itself again if its slots are still taken).
+        if again:
+            self.dirty.add(queue)
+        looked_at, self.dirty = self.dirty, set()
+        for name in sorted(looked_at):
+            self.wake(name)
 
     async def _deal(self, claimed: list[engine.Claimed], workers: list[Worker]) -> None:
-        """Hand the items out one at a time, least recently served first."""
+        """Hand the items out one at a time, least recently served first, only to sockets
+        still subscribed to the item's queue (a socket may have subscribed anew while the
+        claim was in flight)."""
         for item in claimed:
             placed = False
             for worker in sorted(workers, key=lambda w: w.last_served):
-                if self._free(worker) > 0 and worker in self.workers:
+                if (
+                    self._free(worker) > 0
+                    and worker in self.workers
+                    and item.row.queue_name in worker.queues
+                ):
                     worker.last_served = self.loop.time()
                     placed = await worker.deliver(item)
                     if placed:

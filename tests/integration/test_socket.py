@@ -182,18 +182,73 @@ def test_resubscribe_replaces_queues_and_capacity(server, http, key):
     make_queue(http, "b")
 
     async def run():
-        ws = await connect(server, key)
-        await subscribe(ws, ["a"], 1)
-        await asyncio.sleep(0.2)
-        await subscribe(ws, ["b"], 1)
-        await asyncio.sleep(0.2)
-        post(http, "for a", queue="a")
-        await recv_none(ws, 0.4)
-        b = post(http, "for b", queue="b")
-        assert (await recv(ws))["id"] == b
-        await ws.close()
+        async with await connect(server, key) as ws:
+            await subscribe(ws, ["a"], 1)
+            await subscribe(ws, ["b"], 2)
+            # An item of b arriving shows the second subscription is in force (there is no
+            # ack for a subscribe); from then on nothing of a may come.
+            b1 = post(http, "b1", queue="b")
+            assert (await recv(ws))["id"] == b1
+            post(http, "for a", queue="a")
+            await recv_none(ws, 0.4)
+            b2 = post(http, "b2", queue="b")
+            assert (await recv(ws))["id"] == b2
+            post(http, "b3", queue="b")  # capacity 2 is full
+            await recv_none(ws, 0.4)
 
     asyncio.run(run())
+
+
+def _slow_first_claim(server_factory, key):
+    """A server whose first claim with slots to fill waits a second before it claims."""
+    server = server_factory(
+        TASKHOSTER_SOCKET_BACKSTOP_SECONDS="60", TASKHOSTER_FAULT="dispatch.slow_claim=1"
+    )
+    client = httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=10
+    )
+    return server, client
+
+
+def test_an_item_claimed_for_a_queue_the_socket_has_left_goes_back_without_an_attempt(
+    server_factory, key
+):
+    server, http = _slow_first_claim(server_factory, key)
+    with http:
+        make_queue(http, "a")
+        make_queue(http, "b")
+        item = post(http, "for a", queue="a")
+
+        async def run():
+            async with await connect(server, key) as ws:
+                await subscribe(ws, ["a"], 1)  # its claim is in flight for a second
+                await asyncio.sleep(0.3)
+                await subscribe(ws, ["b"], 1)
+                await recv_none(ws, 1.5)
+
+        asyncio.run(run())
+        row = status_of(http, item)
+        assert (row["status"], row["attempts"]) == ("pending", 0)
+
+
+def test_a_slot_an_empty_claim_gives_back_serves_news_for_the_sockets_other_queue(
+    server_factory, key
+):
+    server, http = _slow_first_claim(server_factory, key)
+    with http:
+        make_queue(http, "a")
+        make_queue(http, "b")
+
+        async def run():
+            async with await connect(server, key) as ws:
+                # The claim for a holds the only slot for a second and finds nothing; the
+                # item posted to b meanwhile must not wait for the 60 s backstop.
+                await subscribe(ws, ["a", "b"], 1)
+                await asyncio.sleep(0.3)
+                item = post(http, "for b", queue="b")
+                assert (await recv(ws, timeout=5))["id"] == item
+
+        asyncio.run(run())
 
 
 def test_clean_close_requeues_held_items_at_once(server, http, key):
