@@ -7,6 +7,7 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.permissions import AllowAny
 
 from .api import threads, views
+from .asyncapi import asyncapi_view
 
 urlpatterns = [
     path("api/queues", views.QueueListView.as_view()),
@@ -26,6 +27,7 @@ urlpatterns = [
         "api/schema",
         SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[AllowAny]),
     ),
+    path("api/asyncapi", asyncapi_view),  # the /work socket, AsyncAPI 3
     path("healthz", views.HealthView.as_view()),
     path("metrics", views.MetricsView.as_view()),
 ]

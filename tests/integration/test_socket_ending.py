@@ -11,7 +11,6 @@ and none is left processing with no worker, and that ``/metrics`` shows only liv
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 
@@ -80,7 +79,7 @@ async def _until_closed(ws):
     frames = []
     try:
         while True:
-            frames.append(json.loads(await asyncio.wait_for(ws.recv(), 5)))
+            frames.append(await recv(ws, 5))
     except websockets.ConnectionClosed as closed:
         return frames, closed.rcvd.code if closed.rcvd else None
 

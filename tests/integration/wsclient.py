@@ -1,12 +1,20 @@
-"""A small websocket client for the socket tests (the `websockets` library, for real)."""
+"""A small websocket client for the socket tests (the `websockets` library, for real).
+
+Every frame ``recv`` takes is checked against the server's message of its ``type`` in the
+``/work`` AsyncAPI document (``taskhoster.asyncapi``), so the socket tests prove that what the
+server sends is what the document says.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from typing import Any
 
 import websockets
+from jsonschema import Draft7Validator
+from jsonschema.exceptions import best_match
 
 
 def ws_url(server: Any) -> str:
@@ -25,7 +33,55 @@ async def send(ws: Any, frame: dict[str, Any]) -> None:
 
 
 async def recv(ws: Any, timeout: float = 5.0) -> dict[str, Any]:
-    return dict(json.loads(await asyncio.wait_for(ws.recv(), timeout)))
+    """The next frame, checked against the AsyncAPI document (``check_frame``)."""
+    frame = json.loads(await asyncio.wait_for(ws.recv(), timeout))
+    check_frame(frame)
+    return dict(frame)
+
+
+def sent_message_validators(document: dict[str, Any]) -> dict[str, Draft7Validator]:
+    """A validator per frame type the server sends, by ``type``: the messages of the
+    document's ``send`` operations, their payloads followed to ``components``."""
+    validators = {}
+    for operation in document["operations"].values():
+        if operation["action"] != "send":
+            continue
+        for ref in operation["messages"]:
+            message = _follow(document, _follow(document, ref))
+            payload = _follow(document, message["payload"])
+            Draft7Validator.check_schema(payload)
+            validators[payload["properties"]["type"]["const"]] = Draft7Validator(payload)
+    return validators
+
+
+def _follow(document: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    """``node``, or what its local ``$ref`` points at."""
+    if "$ref" not in node:
+        return node
+    for part in node["$ref"].removeprefix("#/").split("/"):
+        document = document[part]
+    return document
+
+
+@functools.cache
+def _validators() -> dict[str, Draft7Validator]:
+    from taskhoster.asyncapi import build_document
+
+    return sent_message_validators(build_document())
+
+
+def check_frame(frame: Any, validators: dict[str, Draft7Validator] | None = None) -> None:
+    """AssertionError unless ``frame`` is a message the server may send, as documented."""
+    validators = _validators() if validators is None else validators
+    kind = frame.get("type") if isinstance(frame, dict) else None
+    if kind not in validators:
+        raise AssertionError(f"frame {frame!r}: the server sends no message of type {kind!r}")
+    error = best_match(validators[kind].iter_errors(frame))
+    if error is not None:
+        raise AssertionError(
+            f"frame {frame!r} does not match the AsyncAPI {kind!r} message: "
+            f"{error.message} (at {error.json_path})"
+        )
 
 
 async def recv_none(ws: Any, timeout: float = 0.5) -> None:

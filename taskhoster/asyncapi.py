@@ -1,0 +1,490 @@
+"""The ``/work`` socket (SPEC section 6) as an AsyncAPI 3.0 document, made from the one source.
+
+The frames a worker sends are ``contract.FRAMES``, the declarations the consumer validates
+with; their JSON Schemas are made here from those ``Body``s (``body_schema``), so the document
+says what the server enforces, with the limits the settings give now. The frames the server
+sends are declared once below, in the same vocabulary, from what the consumer sends
+(``deliver`` pushes ``engine.item_json`` plus the lease; ``ack``, ``cancel`` and ``error``).
+The close codes are the consumer's own constants.
+
+Served at ``/api/asyncapi`` (no auth, like ``/api/schema``) and printed by
+``manage.py asyncapi``; the socket tests check every frame the server sends against it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from importlib import metadata
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.http import require_GET
+
+from . import contract, engine
+from .conf import get_conf
+from .contract import Body, Field, resolve
+from .ids import ID_PATTERN
+from .status import Status
+from .store import QUEUE_NAME_PATTERN
+from .work import consumer
+
+ASYNCAPI_VERSION = "3.0.0"
+DEFAULT_HOST = "127.0.0.1:8000"
+# A time the server sends: UTC ISO-8601 with a Z (``timeutil.to_wire``).
+WIRE_TIME = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$"
+# Every string the contract takes refuses NUL (no text store keeps one intact).
+NO_NUL = "^[^\\u0000]*$"
+
+
+def ecma_pattern(pattern: re.Pattern[str]) -> str:
+    """``pattern`` (a Python regex the contract fully matches) as a JSON Schema (ECMA 262)
+    regex anchored ``^...$``; a Python-only construct raises ``ValueError``."""
+    body = pattern.pattern
+    body = body.removeprefix("^").removeprefix(r"\A")
+    for end in (r"\Z", r"\z", "$"):
+        if body.endswith(end) and not body.endswith("\\" + end):
+            body = body.removesuffix(end)
+            break
+    python_only = ("(?P", "(?#", r"\A", r"\Z", r"\z", "(?i", "(?x", "(?s", "(?a", "(?L", "(?u")
+    if pattern.flags & ~re.UNICODE or any(token in body for token in python_only):
+        raise ValueError(f"no portable JSON Schema form for the regex {pattern.pattern!r}")
+    return f"^{body}$"
+
+
+PATTERNS = {"id": ID_PATTERN, "queue": QUEUE_NAME_PATTERN}
+
+
+# -- Body -> JSON Schema --------------------------------------------------------------------------
+
+
+def _number(value: float | None) -> float | int | None:
+    if value is None:
+        return None
+    return int(value) if float(value).is_integer() else value
+
+
+def field_schema(spec: Field, *, sent: bool = False) -> dict[str, Any]:
+    """The JSON Schema of one field; ``sent``: the server sends it (times are then UTC ``Z``)."""
+    schema: dict[str, Any] = {}
+    kind = spec.kind
+    if kind == "json":
+        if spec.sized:
+            most = get_conf().max_payload_bytes
+            schema["description"] = f"(The limit now: {most} bytes of JSON.)"
+    elif kind == "string":
+        schema["type"] = "string"
+        if spec.min_length is not None:
+            schema["minLength"] = spec.min_length
+        longest = _number(resolve(spec.max_length))
+        if longest is not None:
+            schema["maxLength"] = longest
+        if spec.pattern is not None:
+            schema["pattern"] = ecma_pattern(PATTERNS[spec.pattern])
+        else:
+            schema["pattern"] = NO_NUL
+    elif kind == "choice":
+        schema["type"] = "string"
+        schema["enum"] = list(spec.choices)
+    elif kind in ("integer", "number", "boolean"):
+        schema["type"] = kind
+        low, high = _number(resolve(spec.minimum)), _number(resolve(spec.maximum))
+        if low is not None:
+            schema["exclusiveMinimum" if spec.exclusive_minimum else "minimum"] = low
+        if high is not None:
+            schema["maximum"] = high
+    elif kind == "time":
+        schema["type"] = "string"
+        schema["format"] = "date-time"
+        if sent:
+            schema["pattern"] = WIRE_TIME
+    elif kind == "list":
+        assert spec.item is not None
+        schema["type"] = "array"
+        item = spec.item
+        schema["items"] = (
+            body_schema(item.body, sent=sent)
+            if item.kind == "object" and item.body is not None
+            else field_schema(item, sent=sent)
+        )
+        if spec.min_length is not None:
+            schema["minItems"] = spec.min_length
+        longest = _number(resolve(spec.max_length))
+        if longest is not None:
+            schema["maxItems"] = longest
+    elif kind == "object":
+        assert spec.body is not None
+        schema = body_schema(spec.body, sent=sent)
+    else:
+        raise ValueError(f"unknown field kind {kind}")
+    if spec.nullable and "type" in schema:
+        schema["type"] = [schema["type"], "null"]
+        if "enum" in schema:
+            schema["enum"] = [*schema["enum"], None]
+    notes = [spec.description] if spec.description else []
+    if spec.printable:
+        notes.append("Printable characters only.")
+    if notes:
+        schema["description"] = " ".join([*notes, schema.get("description", "")]).strip()
+    if spec.default is not None:
+        schema["default"] = spec.default
+    return schema
+
+
+def body_schema(body: Body, *, frame_type: str | None = None, sent: bool = False) -> dict[str, Any]:
+    """The JSON Schema of a ``Body``: its fields, which are required, nothing else; for a
+    frame, its ``type`` as a constant."""
+    properties = {spec.name: field_schema(spec, sent=sent) for spec in body.fields}
+    if frame_type is not None:
+        properties["type"] = {"const": frame_type}
+    schema: dict[str, Any] = {"title": body.name, "type": "object"}
+    if body.description:
+        schema["description"] = body.description
+    schema["properties"] = properties
+    required = [spec.name for spec in body.fields if spec.required]
+    if required:
+        schema["required"] = required
+    schema["additionalProperties"] = False
+    rules: list[dict[str, Any]] = []
+    for group in body.at_most_one_of:  # not two of them set (to something other than null)
+        rules.append(
+            {
+                "not": {
+                    "required": list(group),
+                    "properties": {name: {"not": {"type": "null"}} for name in group},
+                }
+            }
+        )
+    for group in body.exactly_one_of:
+        rules.append({"oneOf": [{"required": [name]} for name in group]})
+    if rules:
+        schema["allOf"] = rules
+    return schema
+
+
+# -- what the server sends, declared once -------------------------------------------------------
+
+_POSTED = {spec.name: spec for spec in contract.POST_ITEM.fields}
+_SENT_TYPE = Field("type", "string", required=True)
+
+
+def _always(spec: Field, **changes: Any) -> Field:
+    """A contract field as the server always sends it."""
+    return dataclasses.replace(spec, required=True, default=None, **changes)
+
+
+ORIGIN = Body(
+    "Origin",
+    (
+        Field("queue", "string", required=True, pattern="queue"),
+        _always(contract.ITEM_ID, description="The dead item's id."),
+        Field("error", "string", required=True, nullable=True),
+        Field("attempts", "integer", required=True, minimum=0),
+    ),
+)
+ITEM_FRAME = Body(
+    "ItemFrame",
+    (
+        _SENT_TYPE,
+        _always(contract.ITEM_ID),
+        Field("queue", "string", required=True, pattern="queue", description="Its queue."),
+        Field(
+            "status",
+            "choice",
+            required=True,
+            choices=(Status.PROCESSING.value,),
+            description="Always processing: the socket holds it now.",
+        ),
+        _always(_POSTED["payload"]),
+        _always(_POSTED["threadId"]),
+        Field("scheduledAt", "time", required=True, description="When it became claimable."),
+        Field("postedAt", "time", required=True),
+        Field(
+            "attempts",
+            "integer",
+            required=True,
+            minimum=1,
+            description="Claims so far, this one included.",
+        ),
+        Field("leaseExpiresAt", "time", required=True, description="When this lease lapses."),
+        Field(
+            "finishedAt",
+            "time",
+            required=True,
+            nullable=True,
+            description="Null: the item is not done.",
+        ),
+        _always(contract.ERROR_TEXT, description="The cause of the last re-queue, if any."),
+        _always(_POSTED["key"]),
+        Field("origin", "object", body=ORIGIN, description="Set on a dead-letter copy."),
+        _always(contract.LEASE, description="The lease this socket now holds for the item."),
+    ),
+    description="An item pushed to the socket under a lease: the item as the REST API shows "
+    "it (without result), plus its lease.",
+)
+ACK_FRAME = Body(
+    "AckFrame",
+    (
+        _SENT_TYPE,
+        _always(contract.ITEM_ID),
+        Field("accepted", "boolean", required=True),
+        Field(
+            "status",
+            "choice",
+            choices=tuple(s.value for s in Status),
+            description="After a result or fail: the item's status now (absent when the "
+            "socket did not hold the item, or it no longer exists).",
+        ),
+        Field(
+            "leaseExpiresAt",
+            "time",
+            nullable=True,
+            description="After an extend the socket held: the new expiry; null if refused.",
+        ),
+    ),
+    at_most_one_of=(("status", "leaseExpiresAt"),),
+    description="The answer to one result, fail or extend, in the order they came.",
+)
+CANCEL_FRAME = Body(
+    "CancelFrame",
+    (
+        _SENT_TYPE,
+        _always(contract.ITEM_ID),
+        Field(
+            "reason",
+            "choice",
+            required=True,
+            # "deleted" is what rule 9 (an item or its queue deleted) tells the holder;
+            # "finished" ends a later attempt held here when an earlier one's result won.
+            choices=("deleted", engine.TIMEOUT, Status.FINISHED.value),
+            description="deleted (the item or its queue), timeout (queueSeconds passed), or "
+            "finished (a result for an earlier attempt of the item ended it).",
+        ),
+        dataclasses.replace(
+            contract.LEASE,
+            required=False,
+            description="The lease of the attempt to stop, when the cancel names one.",
+        ),
+    ),
+    description="An item this socket holds is over; stop work on it (its slot is free now).",
+)
+ERROR_FRAME = Body(
+    "ErrorFrame",
+    (
+        _SENT_TYPE,
+        Field(
+            "code",
+            "string",
+            required=True,
+            min_length=1,
+            description="What went wrong, e.g. unauthorized, forbidden, bad_json, unknown_type, "
+            "unknown_field, missing_field, invalid_capacity, queue_not_found, item_not_found, "
+            "too_large, internal.",
+        ),
+        Field("message", "string", required=True, description="For people."),
+        dataclasses.replace(contract.ITEM_ID, required=False, description="The frame's item."),
+    ),
+    description="A frame the server could not take (in place of its ack); the socket stays "
+    "open, except after 'internal' (closed with 4500) or on connect without a valid key.",
+)
+SENT_FRAMES = {
+    "item": ITEM_FRAME,
+    "ack": ACK_FRAME,
+    "cancel": CANCEL_FRAME,
+    "error": ERROR_FRAME,
+}
+
+SUMMARIES = {
+    "subscribe": "Serve these queues, holding at most capacity items at once; sent again, it "
+    "replaces the last.",
+    "result": "Hand back an item's result (accepted unless the item is already terminal).",
+    "fail": "Say the work failed: retried after a backoff, or (retry false) the item dies.",
+    "extend": "Keep the lease alive: by seconds, at most the queue's leaseSeconds.",
+    "item": "An item for this socket to work on, pushed while it holds fewer than capacity.",
+    "ack": "The answer to a result, fail or extend.",
+    "cancel": "Stop work on an item: it was deleted, timed out or finished by another attempt.",
+    "error": "A frame the server could not take.",
+}
+EXAMPLES: dict[str, dict[str, Any]] = {
+    "subscribe": {"type": "subscribe", "queues": ["emails"], "capacity": 4},
+    "result": {"type": "result", "id": "0641f3a0c2b1d4e5f6a7b8", "result": {"sent": True}},
+    "fail": {"type": "fail", "id": "0641f3a0c2b1d4e5f6a7b8", "error": "smtp down", "retry": True},
+    "extend": {"type": "extend", "id": "0641f3a0c2b1d4e5f6a7b8", "seconds": 30},
+    "item": {
+        "type": "item",
+        "id": "0641f3a0c2b1d4e5f6a7b8",
+        "queue": "emails",
+        "status": "processing",
+        "payload": {"to": "ada@example.com"},
+        "threadId": None,
+        "scheduledAt": "2026-01-31T12:00:00.000000Z",
+        "postedAt": "2026-01-31T12:00:00.000000Z",
+        "attempts": 1,
+        "leaseExpiresAt": "2026-01-31T12:01:00.000000Z",
+        "finishedAt": None,
+        "error": None,
+        "key": None,
+        "lease": "Jq3k1n0sYvB2h4W8xZ7c5A",
+    },
+    "ack": {"type": "ack", "id": "0641f3a0c2b1d4e5f6a7b8", "accepted": True, "status": "finished"},
+    "cancel": {"type": "cancel", "id": "0641f3a0c2b1d4e5f6a7b8", "reason": "deleted"},
+    "error": {"type": "error", "code": "unknown_type", "message": "unknown frame type 'hello'"},
+}
+
+
+def frame_schemas() -> dict[str, dict[str, Any]]:
+    """Every frame type's JSON Schema, keyed by ``type``: the worker's, then the server's."""
+    schemas = {kind: body_schema(body, frame_type=kind) for kind, body in contract.FRAMES.items()}
+    schemas.update(
+        {kind: body_schema(body, frame_type=kind, sent=True) for kind, body in SENT_FRAMES.items()}
+    )
+    return schemas
+
+
+# -- the document -------------------------------------------------------------------------------
+
+
+def close_codes() -> dict[int, str]:
+    """The codes the server closes a socket with (the consumer's constants), and when."""
+    return {
+        consumer.CLOSE_UNAUTHORIZED: "no key, or not a valid one (after an `error` frame, "
+        "code `unauthorized`)",
+        consumer.CLOSE_FORBIDDEN: "the key lacks the `work` scope (after an `error` frame, "
+        "code `forbidden`)",
+        consumer.CLOSE_ABUSE: f"more than {consumer.ABUSE_ERRORS} `error` frames within "
+        f"{consumer.ABUSE_WINDOW_SECONDS:g} s",
+        consumer.CLOSE_SERVER_ERROR: "the server failed on a frame (after an `error` frame, "
+        "code `internal`); reconnect",
+    }
+
+
+def _description() -> str:
+    conf = get_conf()
+    table = "\n".join(f"| {code} | {when} |" for code, when in close_codes().items())
+    return f"""\
+A worker holds a WebSocket at `/work`, one JSON object per text frame, and gets items pushed
+to it under a lease (SPEC section 6).
+
+**Auth.** Send `Authorization: Token <key>` when opening the socket; the key needs the `work`
+scope, and a key limited to some queues may subscribe to those only. A socket without an
+`Origin` header is accepted: the token is the authentication.
+
+**Order.** Every result, fail and extend is answered by one `ack`, or an `error` in its place,
+in the order the frames came. `subscribe` is not acked; a refused one gets an `error`.
+
+**Closing.** However the socket closes, everything it still holds is re-queued at once;
+results and fails sent before the close still count. Close codes the server uses (also in the
+channel's `x-close-codes`):
+
+| code | when |
+|---|---|
+{table}
+
+**Limits now.** capacity at most {conf.max_capacity}; a payload or result at most
+{conf.max_payload_bytes} bytes of JSON; a frame at most that plus 64 KiB.
+"""
+
+
+def _ref(*path: str) -> dict[str, str]:
+    return {"$ref": "#/" + "/".join(path)}
+
+
+def build_document(*, host: str = DEFAULT_HOST, protocol: str = "ws") -> dict[str, Any]:
+    """The AsyncAPI 3.0 document of the ``/work`` socket, with the limits the settings give."""
+    schemas = frame_schemas()
+    sent = set(SENT_FRAMES)
+    messages = {
+        kind: {
+            "name": kind,
+            "title": f"{kind} frame",
+            "summary": SUMMARIES[kind],
+            "contentType": "application/json",
+            "payload": _ref("components", "schemas", schemas[kind]["title"]),
+            "examples": [{"name": kind, "payload": EXAMPLES[kind]}],
+        }
+        for kind in schemas
+    }
+    answers = [_ref("channels", "work", "messages", kind) for kind in ("ack", "error")]
+    operations: dict[str, Any] = {}
+    for kind in schemas:
+        operation: dict[str, Any] = {
+            "action": "send" if kind in sent else "receive",
+            "channel": _ref("channels", "work"),
+            "summary": SUMMARIES[kind],
+            "messages": [_ref("channels", "work", "messages", kind)],
+        }
+        if kind in ("result", "fail", "extend"):
+            operation["reply"] = {"channel": _ref("channels", "work"), "messages": answers}
+        operations[("send" if kind in sent else "receive") + kind.capitalize()] = operation
+    return {
+        "asyncapi": ASYNCAPI_VERSION,
+        "info": {
+            "title": "Taskhoster /work socket",
+            "version": _version(),
+            "description": _description(),
+        },
+        "defaultContentType": "application/json",
+        "servers": {
+            "taskhoster": {
+                "host": host,
+                "protocol": protocol,
+                "description": "A Taskhoster server (any of its processes).",
+                "security": [_ref("components", "securitySchemes", "token")],
+            }
+        },
+        "channels": {
+            "work": {
+                "address": "/work",
+                "title": "The worker socket",
+                "x-close-codes": {str(code): when for code, when in close_codes().items()},
+                "messages": {kind: _ref("components", "messages", kind) for kind in schemas},
+                "bindings": {
+                    "ws": {
+                        "method": "GET",
+                        "headers": {
+                            "type": "object",
+                            "properties": {
+                                "Authorization": {
+                                    "type": "string",
+                                    "pattern": r"^\s*[Tt][Oo][Kk][Ee][Nn]\s+\S+\s*$",
+                                    "description": "Token <key>; the key needs the work scope.",
+                                }
+                            },
+                            "required": ["Authorization"],
+                        },
+                        "bindingVersion": "0.1.0",
+                    }
+                },
+            }
+        },
+        "operations": operations,
+        "components": {
+            "schemas": {schema["title"]: schema for schema in schemas.values()},
+            "messages": messages,
+            "securitySchemes": {
+                "token": {
+                    "type": "httpApiKey",
+                    "name": "Authorization",
+                    "in": "header",
+                    "description": "`Authorization: Token <key>`; the key needs the `work` "
+                    "scope (4401 without a valid key, 4403 without the scope).",
+                }
+            },
+        },
+    }
+
+
+def _version() -> str:
+    try:
+        return metadata.version("taskhoster")
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+@require_GET
+def asyncapi_view(request: HttpRequest) -> HttpResponse:
+    """``GET /api/asyncapi``: the document, naming the server as the request reached it."""
+    document = build_document(
+        host=request.get_host(), protocol="wss" if request.is_secure() else "ws"
+    )
+    return JsonResponse(document)
