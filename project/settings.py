@@ -148,6 +148,9 @@ TASKHOSTER = {
     "SOCKET_BACKSTOP_SECONDS": float(os.environ.get("TASKHOSTER_SOCKET_BACKSTOP_SECONDS", 5)),
 }
 
+if os.environ.get("TASKHOSTER_MAX_WAIT_SECONDS"):
+    TASKHOSTER["MAX_WAIT_SECONDS"] = float(os.environ["TASKHOSTER_MAX_WAIT_SECONDS"])
+
 # A batch of up to 1,000 items rides in one body; the per-item limit is checked separately.
 DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("TASKHOSTER_MAX_BODY_BYTES", 64 * 1024 * 1024))
 
@@ -168,6 +171,8 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # The shared components (bodies from the contract), the error envelope and the links.
+    "POSTPROCESSING_HOOKS": ["taskhoster.api.schema.finish"],
 }
 
 LANGUAGE_CODE = "en-us"

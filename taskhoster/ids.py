@@ -13,7 +13,9 @@ import secrets
 import threading
 import time
 
-ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+from . import patterns
+
+ID_PATTERN = re.compile(patterns.ID)
 
 _lock = threading.Lock()
 _last_micros = 0

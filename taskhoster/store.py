@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import patterns
 from .errors import StoreError
 from .ids import ID_PATTERN
 from .status import State
 
-QUEUE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+QUEUE_NAME_PATTERN = re.compile(patterns.QUEUE)
 SUFFIX = ".json"
 TMP_SUFFIX = ".tmp"
 TRASH = ".trash"

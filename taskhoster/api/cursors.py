@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 
+from .. import patterns
 from ..errors import InvalidInput
+
+_ALPHABET = re.compile(patterns.CURSOR)
 
 
 def encode_cursor(position: str | None) -> str | None:
@@ -17,7 +21,7 @@ def encode_cursor(position: str | None) -> str | None:
 def decode_cursor(cursor: str | None) -> str | None:
     if not cursor:
         return None
-    if len(cursor) > 400:
+    if len(cursor) > 400 or _ALPHABET.fullmatch(cursor) is None:
         raise InvalidInput("invalid cursor", code="invalid_cursor")
     try:
         padded = cursor.encode("ascii") + b"=" * (-len(cursor) % 4)

@@ -6,12 +6,8 @@ import time
 from typing import Any
 
 from django.http import HttpResponse
-from drf_spectacular.utils import (
-    OpenApiParameter,
-    OpenApiResponse,
-    PolymorphicProxySerializer,
-    extend_schema,
-)
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -23,40 +19,23 @@ from ..errors import InvalidInput, ItemNotFound
 from ..models import Item, Queue
 from ..status import Status
 from ..timeutil import to_wire
+from . import params as params_
 from .auth import require
 from .base import ApiView
 from .cursors import decode_cursor, encode_cursor
-from .serializers import (
-    BulkDeleteSerializer,
-    ClaimAnswerSerializer,
-    ClaimSerializer,
-    DeletedSerializer,
-    ErrorSerializer,
-    ExtendAnswerSerializer,
-    ExtendSerializer,
-    FailSerializer,
-    ItemPageSerializer,
-    ItemSerializer,
-    PostBatchSerializer,
-    PostItemSerializer,
-    QueueSerializer,
-    QueueSettingsSerializer,
-    ResultSerializer,
-    VerdictSerializer,
-    check_item_id,
+from .schema import (
+    ITEM_ERRORS,
+    QUEUE_ERRORS,
+    cursor_param,
+    documented,
+    item_param,
+    limit_param,
+    merge_errors,
+    queue_param,
+    status_param,
+    thread_filter_param,
+    wait_param,
 )
-
-ERRORS = {
-    code: OpenApiResponse(ErrorSerializer, description=text)
-    for code, text in {
-        400: "Invalid request",
-        401: "Missing or wrong key",
-        403: "Wrong scope or queue",
-        404: "Not found",
-        409: "Conflict",
-        413: "Too large",
-    }.items()
-}
 
 
 def _queue_or_404(name: str) -> Queue:
@@ -80,7 +59,7 @@ def _item_queue_name(item_id: str) -> str:
 
 
 class QueueListView(ApiView):
-    @extend_schema(responses={200: QueueSerializer(many=True), **ERRORS}, summary="List queues")
+    @documented("listQueues", summary="List queues", scopes=(), responses={200: "QueueList"})
     def get(self, request: Request) -> Response:
         principal = require(request)
         queues = [q for q in Queue.objects.filter(deleting=False) if principal.may_use(q.name)]
@@ -89,16 +68,27 @@ class QueueListView(ApiView):
 
 
 class QueueView(ApiView):
-    @extend_schema(responses={200: QueueSerializer, **ERRORS}, summary="Get a queue")
+    @documented(
+        "getQueue",
+        summary="Get a queue",
+        parameters=[queue_param()],
+        responses={200: "Queue"},
+        errors=QUEUE_ERRORS,
+    )
     def get(self, request: Request, queue: str) -> Response:
         require(request, queue=queue)
         q = _queue_or_404(queue)
         return Response(_queue_wire(q, engine.counts_by_queue([q.id])[q.id]))
 
-    @extend_schema(
-        request=QueueSettingsSerializer,
-        responses={200: QueueSerializer, 201: QueueSerializer, **ERRORS},
+    @documented(
+        "putQueue",
         summary="Create or update a queue",
+        scopes=("manage",),
+        parameters=[queue_param()],
+        request="QueueSettings",
+        responses={200: "Queue", 201: "Queue"},
+        errors={400: ["invalid_queue_name", "invalid_setting"]},
+        body=True,
     )
     def put(self, request: Request, queue: str) -> Response:
         require(request, "manage", queue=queue)
@@ -109,7 +99,14 @@ class QueueView(ApiView):
         wire = _queue_wire(q, engine.counts_by_queue([q.id])[q.id])
         return Response(wire, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
-    @extend_schema(responses={204: None, **ERRORS}, summary="Delete a queue and all its items")
+    @documented(
+        "deleteQueue",
+        summary="Delete a queue and all its items",
+        scopes=("manage",),
+        parameters=[queue_param()],
+        responses={204: None},
+        errors=QUEUE_ERRORS,
+    )
     def delete(self, request: Request, queue: str) -> Response:
         require(request, "manage", queue=queue)
         engine.queues.validate_queue_name(queue)
@@ -119,39 +116,34 @@ class QueueView(ApiView):
 
 def _item_cursor(cursor: str | None) -> str | None:
     position = decode_cursor(cursor)
-    return None if position is None else check_item_id(position)
+    return None if position is None else params_.item_id(position)
 
 
 class QueueItemsView(ApiView):
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("status", str, enum=[s.value for s in Status]),
-            OpenApiParameter("threadId", str),
-            OpenApiParameter("cursor", str),
-            OpenApiParameter("limit", int),
-        ],
-        responses={200: ItemPageSerializer, **ERRORS},
+    @documented(
+        "listItems",
         summary="List items (no payloads)",
+        scopes=("produce", "manage"),
+        parameters=[
+            queue_param(),
+            status_param(),
+            thread_filter_param(),
+            cursor_param(),
+            limit_param(),
+        ],
+        responses={200: "ItemPage"},
+        errors=merge_errors(
+            QUEUE_ERRORS,
+            {400: ["invalid_status", "invalid_limit", "invalid_thread_id", "invalid_cursor"]},
+        ),
     )
     def get(self, request: Request, queue: str) -> Response:
         require(request, "produce", "manage", queue=queue)
         q = _queue_or_404(queue)
         params = request.query_params
-        status_filter = params.get("status") or None
-        if status_filter is not None and status_filter not in {s.value for s in Status}:
-            raise InvalidInput(
-                "status must be pending, processing, finished or failed", code="invalid_status"
-            )
-        conf = get_conf()
-        try:
-            limit = int(params.get("limit") or conf.page_size)
-        except ValueError:
-            raise InvalidInput("limit must be an integer", code="invalid_limit") from None
-        if not 1 <= limit <= conf.max_page_size:
-            raise InvalidInput(f"limit must be 1..{conf.max_page_size}", code="invalid_limit")
-        thread_id = params.get("threadId") or None
-        if thread_id is not None and (len(thread_id) > 200 or not thread_id.isprintable()):
-            raise InvalidInput("invalid threadId", code="invalid_thread_id")
+        status_filter = params_.choice(params, "status", {s.value for s in Status})
+        limit = params_.limit(params)
+        thread_id = params_.thread_id(params.get("threadId"))
         rows, last = engine.list_items(
             queue=q,
             status=Status(status_filter) if status_filter else None,
@@ -166,14 +158,18 @@ class QueueItemsView(ApiView):
             }
         )
 
-    @extend_schema(
-        request=PolymorphicProxySerializer(
-            component_name="PostItems",
-            resource_type_field_name=None,
-            serializers=[PostItemSerializer, PostBatchSerializer],
-        ),
-        responses={201: ItemSerializer, 200: ItemSerializer, **ERRORS},
+    @documented(
+        "postItems",
         summary="Post one item, or {items: [...]} (all or none)",
+        scopes=("produce",),
+        parameters=[queue_param()],
+        request="PostItems",
+        responses={201: "Posted", 200: "Item"},
+        errors=merge_errors(
+            QUEUE_ERRORS,
+            {400: ["invalid", "batch_too_large"], 409: ["busy"], 413: ["batch_too_large"]},
+        ),
+        body=True,
     )
     def post(self, request: Request, queue: str) -> Response:
         require(request, "produce", queue=queue)
@@ -203,17 +199,22 @@ class QueueItemsView(ApiView):
 
 
 class BulkDeleteView(ApiView):
-    @extend_schema(
-        request=BulkDeleteSerializer,
-        responses={200: DeletedSerializer, **ERRORS},
+    @documented(
+        "deleteItems",
         summary="Delete items by id or by status",
+        scopes=("manage",),
+        parameters=[queue_param()],
+        request="BulkDelete",
+        responses={200: "Deleted"},
+        errors=merge_errors(QUEUE_ERRORS, {400: ["invalid_id", "invalid"]}),
+        body=True,
     )
     def post(self, request: Request, queue: str) -> Response:
         require(request, "manage", queue=queue)
         q = _queue_or_404(queue)
         body = contract.validate(contract.BULK_DELETE, request.data)
         if "ids" in body:
-            ids = [check_item_id(i) for i in body["ids"]]
+            ids = [params_.item_id(i) for i in body["ids"]]
             deleted = engine.delete_items(item_ids=ids, queue_name=q.name)
         else:
             deleted = engine.delete_by_status(queue_name=q.name, status=Status(body["status"]))
@@ -221,10 +222,15 @@ class BulkDeleteView(ApiView):
 
 
 class ClaimView(ApiView):
-    @extend_schema(
-        request=ClaimSerializer,
-        responses={200: ClaimAnswerSerializer, **ERRORS},
+    @documented(
+        "claimItems",
         summary="Claim items (long-poll with wait)",
+        scopes=("work",),
+        parameters=[queue_param()],
+        request="Claim",
+        responses={200: "Claimed"},
+        errors=merge_errors(QUEUE_ERRORS, {400: ["invalid"]}),
+        body=True,
     )
     def post(self, request: Request, queue: str) -> Response:
         require(request, "work", queue=queue)
@@ -250,35 +256,35 @@ class ClaimView(ApiView):
 
 
 class ItemView(ApiView):
-    @extend_schema(
-        parameters=[OpenApiParameter("wait", float)],
-        responses={200: ItemSerializer, **ERRORS},
+    @documented(
+        "getItem",
         summary="Get an item (long-poll for its verdict with wait)",
+        scopes=("produce",),
+        parameters=[item_param(), wait_param()],
+        responses={200: "Item"},
+        errors=merge_errors(ITEM_ERRORS, {400: ["invalid_wait"]}),
     )
     def get(self, request: Request, item_id: str) -> Response:
-        check_item_id(item_id)
+        params_.item_id(item_id)
         require(request, "produce", queue=_item_queue_name(item_id))
-        wait_text = request.query_params.get("wait")
-        if wait_text:
-            try:
-                wait = float(wait_text)
-            except ValueError:
-                raise InvalidInput(
-                    "wait must be a number of seconds", code="invalid_wait"
-                ) from None
-            if not 0 <= wait <= get_conf().max_wait_seconds:
-                raise InvalidInput(
-                    f"wait must be 0..{get_conf().max_wait_seconds:g}", code="invalid_wait"
-                )
+        wait = params_.wait(request.query_params)
+        if wait is not None:
             engine.wait_for_verdict(item_id=item_id, wait=wait)
         row, record = engine.get_item(item_id=item_id, producer_read=True)
         return Response(
             engine.item_json(row, payload=record.get("payload"), result=record.get("result"))
         )
 
-    @extend_schema(responses={204: None, **ERRORS}, summary="Delete an item")
+    @documented(
+        "deleteItem",
+        summary="Delete an item",
+        scopes=("produce", "manage"),
+        parameters=[item_param()],
+        responses={204: None},
+        errors=ITEM_ERRORS,
+    )
     def delete(self, request: Request, item_id: str) -> Response:
-        check_item_id(item_id)
+        params_.item_id(item_id)
         require(request, "produce", "manage", queue=_item_queue_name(item_id))
         if not engine.delete_item(item_id=item_id):
             raise ItemNotFound(f"item {item_id!r} does not exist")
@@ -286,11 +292,16 @@ class ItemView(ApiView):
 
 
 class RestartView(ApiView):
-    @extend_schema(
-        request=None, responses={200: ItemSerializer, **ERRORS}, summary="Restart a failed item"
+    @documented(
+        "restartItem",
+        summary="Restart a failed item",
+        scopes=("manage",),
+        parameters=[item_param()],
+        responses={200: "Item"},
+        errors=merge_errors(ITEM_ERRORS, {409: ["not_failed"]}),
     )
     def post(self, request: Request, item_id: str) -> Response:
-        check_item_id(item_id)
+        params_.item_id(item_id)
         require(request, "manage", queue=_item_queue_name(item_id))
         engine.restart(item_id=item_id)
         row, record = engine.get_item(item_id=item_id)
@@ -300,13 +311,18 @@ class RestartView(ApiView):
 
 
 class ResultView(ApiView):
-    @extend_schema(
-        request=ResultSerializer,
-        responses={200: VerdictSerializer, **ERRORS},
+    @documented(
+        "submitResult",
         summary="Hand in a result (first one wins)",
+        scopes=("work",),
+        parameters=[item_param()],
+        request="Result",
+        responses={200: "Verdict"},
+        errors={400: ["invalid_id"]},
+        body=True,
     )
     def post(self, request: Request, item_id: str) -> Response:
-        check_item_id(item_id)
+        params_.item_id(item_id)
         require(request, "work")
         body = contract.validate(contract.RESULT, request.data)
         gone = Response({"accepted": False, "status": None})
@@ -319,13 +335,18 @@ class ResultView(ApiView):
 
 
 class FailView(ApiView):
-    @extend_schema(
-        request=FailSerializer,
-        responses={200: VerdictSerializer, **ERRORS},
+    @documented(
+        "failItem",
         summary="Report a failure (needs the lease)",
+        scopes=("work",),
+        parameters=[item_param()],
+        request="Fail",
+        responses={200: "Verdict"},
+        errors=merge_errors(ITEM_ERRORS, {400: ["invalid_error", "invalid_retry"]}),
+        body=True,
     )
     def post(self, request: Request, item_id: str) -> Response:
-        check_item_id(item_id)
+        params_.item_id(item_id)
         require(request, "work", queue=_item_queue_name(item_id))
         body = contract.validate(contract.FAIL, request.data)
         verdict = engine.fail(
@@ -335,13 +356,18 @@ class FailView(ApiView):
 
 
 class ExtendView(ApiView):
-    @extend_schema(
-        request=ExtendSerializer,
-        responses={200: ExtendAnswerSerializer, **ERRORS},
+    @documented(
+        "extendLease",
         summary="Extend a lease",
+        scopes=("work",),
+        parameters=[item_param()],
+        request="Extend",
+        responses={200: "Extended"},
+        errors=merge_errors(ITEM_ERRORS, {400: ["invalid_seconds"]}),
+        body=True,
     )
     def post(self, request: Request, item_id: str) -> Response:
-        check_item_id(item_id)
+        params_.item_id(item_id)
         require(request, "work", queue=_item_queue_name(item_id))
         body = contract.validate(contract.EXTEND, request.data)
         accepted, row = engine.extend(
@@ -355,7 +381,12 @@ class HealthView(ApiView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
 
-    @extend_schema(responses={200: None, 503: None}, summary="Health check")
+    @documented(
+        "health",
+        summary="Health check",
+        responses={200: "Health", 503: "Health"},
+        public=True,
+    )
     def get(self, request: Request) -> Response:
         """200 when the database, the news bus and the state root all answer, else 503; the
         body names each and says whether it answered (see ``taskhoster.health``)."""
@@ -367,6 +398,15 @@ class MetricsView(ApiView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
 
-    @extend_schema(responses={200: str}, summary="Prometheus metrics")
+    @extend_schema(
+        operation_id="metrics",
+        summary="Prometheus metrics",
+        responses={
+            (200, "text/plain"): OpenApiResponse(
+                OpenApiTypes.STR, description="Prometheus text format 0.0.4"
+            )
+        },
+        auth=[],
+    )
     def get(self, request: Request) -> HttpResponse:
         return HttpResponse(metrics.render(), content_type="text/plain; version=0.0.4")

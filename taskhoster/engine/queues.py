@@ -87,7 +87,9 @@ def clean_settings(queue_name: str, body: dict[str, Any]) -> dict[str, Any]:
             )
         values[setting.field] = int(value) if setting.integer else float(value)
     if "retainFrom" in body:
-        if body["retainFrom"] not in {r.value for r in RetainFrom}:
+        if not isinstance(body["retainFrom"], str) or body["retainFrom"] not in {
+            r.value for r in RetainFrom
+        }:
             raise InvalidInput("retainFrom must be 'finished' or 'fetched'", code="invalid_setting")
         values["retain_from"] = body["retainFrom"]
     if "deadLetterQueue" in body:

@@ -290,6 +290,8 @@ WRONG_TYPES = [
     ("put_queue", {"maxAttempts": True}),
     ("put_queue", {"maxAttempts": "3"}),
     ("put_queue", {"retainFrom": 1}),
+    ("put_queue", {"retainFrom": {}}),
+    ("put_queue", {"retainFrom": ["finished"]}),
     ("put_queue", {"deadLetterQueue": 5}),
     ("put_queue", {"backoffSeconds": [1]}),
     ("put_queue", {"leaseSeconds": True}),

@@ -1,0 +1,454 @@
+"""What ``/api/schema`` says of each operation, from the declarations the server enforces.
+
+Request bodies are ``contract``'s bodies and queue settings are ``engine.queues.SETTINGS``,
+turned into JSON Schema by ``schemas``; path and query parameters use the same patterns and
+the limits of ``conf``. Each view names its operation with ``documented(...)``: its scopes,
+the parameters it reads, its answers and the error codes each status can carry. The
+``finish`` hook (SPECTACULAR_SETTINGS POSTPROCESSING_HOOKS) adds the shared components, the
+error envelope and the links from the operations that create queues and items to those that
+use them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+
+from .. import contract, schemas
+from ..conf import get_conf
+from ..engine.queues import SETTINGS
+from ..status import RetainFrom, Status
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+THREAD_ID = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 200,
+    "pattern": schemas.PRINTABLE_REGEX,
+    "description": "1-200 printable characters (no control characters).",
+}
+CURSOR = {
+    "type": "string",
+    "maxLength": 400,
+    "pattern": "^[A-Za-z0-9_-]*$",
+    "description": "The `next` of the previous page (opaque).",
+}
+TIME = {"type": "string", "format": "date-time"}
+NULLABLE_TIME = {**TIME, "nullable": True}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _path(name: str, schema: dict[str, Any], description: str) -> OpenApiParameter:
+    return OpenApiParameter(
+        name, schema, location=OpenApiParameter.PATH, required=True, description=description
+    )
+
+
+def _query(name: str, schema: dict[str, Any], description: str) -> OpenApiParameter:
+    return OpenApiParameter(name, schema, location=OpenApiParameter.QUERY, description=description)
+
+
+def queue_param() -> OpenApiParameter:
+    return _path(
+        "queue", {"type": "string", "pattern": schemas.QUEUE_REGEX, "maxLength": 64}, "A queue."
+    )
+
+
+def item_param() -> OpenApiParameter:
+    return _path(
+        "item_id", {"type": "string", "pattern": schemas.ID_REGEX, "maxLength": 64}, "An item."
+    )
+
+
+def thread_param() -> OpenApiParameter:
+    return _path("thread_id", THREAD_ID, "A thread of the queue.")
+
+
+def limit_param() -> OpenApiParameter:
+    conf = get_conf()
+    return _query(
+        "limit",
+        {"type": "integer", "minimum": 1, "maximum": conf.max_page_size},
+        f"Page size (default {conf.page_size}).",
+    )
+
+
+def cursor_param() -> OpenApiParameter:
+    return _query("cursor", CURSOR, "Continue after the previous page.")
+
+
+def status_param() -> OpenApiParameter:
+    return _query(
+        "status", {"type": "string", "enum": [s.value for s in Status]}, "Only this status."
+    )
+
+
+def thread_filter_param() -> OpenApiParameter:
+    return _query("threadId", THREAD_ID, "Only this thread's members.")
+
+
+def wait_param() -> OpenApiParameter:
+    return _query(
+        "wait",
+        {"type": "number", "minimum": 0, "maximum": get_conf().max_wait_seconds},
+        "Wait up to this many seconds for the item's verdict.",
+    )
+
+
+# -- errors ------------------------------------------------------------------------------
+
+# Every operation with a key can answer these.
+AUTH_ERRORS = {
+    401: ["unauthorized"],
+    403: ["forbidden"],
+    503: ["unavailable"],
+}
+ERROR_TEXT = {
+    400: "Invalid request",
+    401: "Missing, malformed or revoked key",
+    403: "The key lacks the scope, or may not use the queue",
+    404: "Not found",
+    409: "Conflict with the item's or queue's state",
+    413: "Too large",
+    415: "Not JSON",
+    503: "The database did not answer; try again",
+}
+BODY_ERRORS = {
+    400: ["bad_json", "invalid_body", "unknown_field", "missing_field"],
+    413: ["too_large"],
+    415: ["unsupported_media_type"],
+}
+
+
+def _errors(codes: dict[int, list[str]]) -> dict[int, OpenApiResponse]:
+    out: dict[int, OpenApiResponse] = {}
+    for status, names in sorted(codes.items()):
+        text = ERROR_TEXT.get(status, "Error")
+        out[status] = OpenApiResponse(
+            _ref("Error"), description=f"{text}. `error.code`: {', '.join(sorted(set(names)))}."
+        )
+    return out
+
+
+def merge_errors(*tables: dict[int, list[str]]) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    for table in tables:
+        for status, names in table.items():
+            out.setdefault(status, []).extend(names)
+    return out
+
+
+def documented(
+    operation_id: str,
+    *,
+    summary: str,
+    scopes: tuple[str, ...] = (),
+    parameters: list[OpenApiParameter] | None = None,
+    request: str | None = None,
+    responses: dict[int, Any],
+    errors: dict[int, list[str]] | None = None,
+    body: bool = False,
+    public: bool = False,
+) -> Callable[[F], F]:
+    """``extend_schema`` for one operation: ``responses`` maps a status to a component name
+    (or None for no body); ``errors`` maps a status to the error codes it can carry."""
+    answers: dict[int, Any] = {}
+    for status, name in responses.items():
+        answers[status] = (
+            OpenApiResponse(description="No content")
+            if name is None
+            else OpenApiResponse(_ref(name), description=name)
+        )
+    if not public:
+        answers |= _errors(merge_errors(AUTH_ERRORS, BODY_ERRORS if body else {}, errors or {}))
+    elif errors:
+        answers |= _errors(errors)
+    extensions = {"x-scopes": list(scopes)} if scopes else None
+    description = None
+    if scopes:
+        description = f"Needs a key with the {' or '.join(f'`{s}`' for s in scopes)} scope."
+    return extend_schema(
+        operation_id=operation_id,
+        summary=summary,
+        description=description,
+        parameters=parameters,
+        request={"application/json": _ref(request)} if request else None,
+        responses=answers,
+        auth=[] if public else None,
+        extensions=extensions,
+    )
+
+
+QUEUE_ERRORS = {400: ["invalid_queue_name"], 404: ["queue_not_found"]}
+ITEM_ERRORS = {400: ["invalid_id"], 404: ["item_not_found"]}
+
+
+# -- components ----------------------------------------------------------------------------
+
+
+def _settings_schema() -> dict[str, Any]:
+    properties: dict[str, Any] = {}
+    for setting in SETTINGS:
+        spec = contract.Field(
+            setting.wire,
+            "integer" if setting.integer else "number",
+            nullable=setting.nullable,
+            minimum=setting.minimum,
+            maximum=setting.maximum,
+            exclusive_minimum=setting.exclusive_minimum,
+        )
+        properties[setting.wire] = schemas.field_schema(spec)
+    properties["retainFrom"] = {"type": "string", "enum": [r.value for r in RetainFrom]}
+    properties["deadLetterQueue"] = {
+        "type": "string",
+        "pattern": schemas.QUEUE_REGEX,
+        "maxLength": 64,
+        "nullable": True,
+        "description": "An existing queue other than this one, or null.",
+    }
+    return {
+        "type": "object",
+        "properties": properties,
+        "additionalProperties": False,
+        "description": "Queue settings; those left out keep their value (or the default). "
+        "backoffMaxSeconds must be at least backoffSeconds.",
+    }
+
+
+def _item_schema(*, claimed: bool = False) -> dict[str, Any]:
+    properties: dict[str, Any] = {
+        "id": {"type": "string", "pattern": schemas.ID_REGEX},
+        "queue": {"type": "string"},
+        "status": {"type": "string", "enum": [s.value for s in Status]},
+        "payload": {"description": "The work (left out of listings)."},
+        "threadId": {"type": "string", "nullable": True},
+        "scheduledAt": TIME,
+        "postedAt": TIME,
+        "attempts": {"type": "integer", "minimum": 0},
+        "leaseExpiresAt": NULLABLE_TIME,
+        "finishedAt": NULLABLE_TIME,
+        "result": {"description": "The result of a finished item (left out of listings)."},
+        "error": {"type": "string", "nullable": True},
+        "key": {"type": "string", "nullable": True},
+        "origin": {"description": "Where a dead-lettered copy came from."},
+        "deadLetter": {"type": "string", "description": "The copy's id in the dead-letter queue."},
+    }
+    required = [
+        "id",
+        "queue",
+        "status",
+        "threadId",
+        "scheduledAt",
+        "postedAt",
+        "attempts",
+        "leaseExpiresAt",
+        "finishedAt",
+        "error",
+        "key",
+    ]
+    if claimed:
+        properties["lease"] = {"type": "string", "description": "Send it with fail and extend."}
+        required = [*required, "payload", "lease"]
+    return {"type": "object", "properties": properties, "required": required}
+
+
+def _page(key: str, item: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            key: {"type": "array", "items": _ref(item)},
+            "next": {**CURSOR, "nullable": True, "description": "The next page's cursor."},
+        },
+        "required": [key, "next"],
+    }
+
+
+def components() -> dict[str, Any]:
+    thread: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "threadId": {"type": "string"},
+            "memberCount": {"type": "integer", "minimum": 0},
+            "head": {"type": "string", "nullable": True},
+            "processing": {"type": "string", "nullable": True},
+        },
+        "required": ["threadId", "memberCount", "head", "processing"],
+    }
+    queue = _settings_schema()
+    queue = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "pattern": schemas.QUEUE_REGEX},
+            **queue["properties"],
+            "counts": {
+                "type": "object",
+                "properties": {s.value: {"type": "integer"} for s in Status},
+                "required": [s.value for s in Status],
+            },
+        },
+        "required": ["name", *queue["properties"], "counts"],
+    }
+    return {
+        "PostItem": schemas.body_schema(contract.POST_ITEM),
+        "PostBatch": schemas.body_schema(contract.POST_BATCH),
+        "PostItems": {"oneOf": [_ref("PostItem"), _ref("PostBatch")]},
+        "Claim": schemas.body_schema(contract.CLAIM),
+        "Result": schemas.body_schema(contract.RESULT),
+        "Fail": schemas.body_schema(contract.FAIL),
+        "Extend": schemas.body_schema(contract.EXTEND),
+        "BulkDelete": schemas.body_schema(contract.BULK_DELETE),
+        "QueueSettings": _settings_schema(),
+        "Queue": queue,
+        "QueueList": {"type": "array", "items": _ref("Queue")},
+        "Item": _item_schema(),
+        "ClaimedItem": _item_schema(claimed=True),
+        "ItemPage": _page("items", "Item"),
+        "Posted": {
+            "oneOf": [_ref("Item"), _ref("ItemBatch")],
+            "description": "The item posted, or for a batch {items: [...]}.",
+        },
+        "ItemBatch": {
+            "type": "object",
+            "properties": {"items": {"type": "array", "items": _ref("Item")}},
+            "required": ["items"],
+        },
+        "Claimed": {
+            "type": "object",
+            "properties": {"items": {"type": "array", "items": _ref("ClaimedItem")}},
+            "required": ["items"],
+        },
+        "Verdict": {
+            "type": "object",
+            "properties": {
+                "accepted": {"type": "boolean"},
+                "status": {
+                    "type": "string",
+                    "enum": [s.value for s in Status],
+                    "nullable": True,
+                },
+            },
+            "required": ["accepted", "status"],
+        },
+        "Extended": {
+            "type": "object",
+            "properties": {"accepted": {"type": "boolean"}, "leaseExpiresAt": NULLABLE_TIME},
+            "required": ["accepted", "leaseExpiresAt"],
+        },
+        "Deleted": {
+            "type": "object",
+            "properties": {"deleted": {"type": "integer", "minimum": 0}},
+            "required": ["deleted"],
+        },
+        "Thread": thread,
+        "ThreadPage": _page("threads", "Thread"),
+        "ThreadDetail": {
+            "type": "object",
+            "properties": {
+                **thread["properties"],
+                "members": {"type": "array", "items": _ref("Item")},
+                "next": {**CURSOR, "nullable": True},
+            },
+            "required": [*thread["required"], "members", "next"],
+        },
+        "Health": {
+            "type": "object",
+            "description": "Each dependency and whether it answered (see docs/deploy.md).",
+            "properties": {
+                "status": {"type": "string", "enum": ["ok", "unavailable"]},
+            },
+            "required": ["status"],
+        },
+        "Error": {
+            "type": "object",
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "properties": {
+                        "code": {"type": "string", "description": "A stable, machine code."},
+                        "message": {"type": "string", "description": "For people."},
+                    },
+                    "required": ["code", "message"],
+                }
+            },
+            "required": ["error"],
+        },
+    }
+
+
+# A body whose every field has a default: the request may leave the body out.
+OPTIONAL_BODIES = {"Claim", "QueueSettings"}
+
+# -- links ---------------------------------------------------------------------------------
+
+QUEUE_USERS = ("getQueue", "listItems", "postItems", "claimItems", "deleteItems", "listThreads")
+ITEM_USERS = ("getItem", "deleteItem", "restartItem", "submitResult")
+HELD_ITEM_USERS = ("submitResult", "failItem", "extendLease")
+
+
+def _links(schema: dict[str, Any]) -> None:
+    def add(operation_id: str, statuses: tuple[str, ...], links: dict[str, Any]) -> None:
+        for path in schema["paths"].values():
+            for operation in path.values():
+                if operation.get("operationId") != operation_id:
+                    continue
+                for status in statuses:
+                    answer = operation["responses"].get(status)
+                    if answer is not None:
+                        answer["links"] = links
+
+    add(
+        "putQueue",
+        ("200", "201"),
+        {
+            target: {"operationId": target, "parameters": {"queue": "$response.body#/name"}}
+            for target in QUEUE_USERS
+        },
+    )
+    item_links = {
+        target: {"operationId": target, "parameters": {"item_id": "$response.body#/id"}}
+        for target in ITEM_USERS
+    }
+    item_links["listThreadOfItem"] = {
+        "operationId": "getThread",
+        "parameters": {
+            "queue": "$response.body#/queue",
+            "thread_id": "$response.body#/threadId",
+        },
+    }
+    add("postItems", ("200", "201"), item_links)
+    add("getItem", ("200",), item_links)
+    add(
+        "claimItems",
+        ("200",),
+        {
+            target: {
+                "operationId": target,
+                "parameters": {"item_id": "$response.body#/items/0/id"},
+                **(
+                    {"requestBody": {"lease": "$response.body#/items/0/lease"}}
+                    if target != "submitResult"
+                    else {}
+                ),
+            }
+            for target in HELD_ITEM_USERS
+        },
+    )
+
+
+def finish(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """drf-spectacular post-processing: the shared components and the links."""
+    result.setdefault("components", {}).setdefault("schemas", {}).update(components())
+    for path in result["paths"].values():
+        for operation in path.values():
+            body = operation.get("requestBody")
+            if body is not None:
+                ref = body["content"]["application/json"]["schema"]["$ref"]
+                body["required"] = ref.rsplit("/", 1)[1] not in OPTIONAL_BODIES
+    _links(result)
+    return result
