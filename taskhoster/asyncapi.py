@@ -1,7 +1,8 @@
 """The ``/work`` socket (SPEC section 6) as an AsyncAPI 3.0 document, made from the one source.
 
 The frames a worker sends are ``contract.FRAMES``, the declarations the consumer validates
-with; their JSON Schemas are made here from those ``Body``s (``body_schema``), so the document
+with; their JSON Schemas are made from those ``Body``s by ``schemas`` (as ``/api/schema``'s
+bodies are), so the document
 says what the server enforces, with the limits the settings give now. The frames the server
 sends are declared once below, in the same vocabulary, from what the consumer sends
 (``deliver`` pushes ``engine.item_json`` plus the lease; ``ack``, ``cancel`` and ``error``).
@@ -14,152 +15,30 @@ Served at ``/api/asyncapi`` (no auth, like ``/api/schema``) and printed by
 from __future__ import annotations
 
 import dataclasses
-import re
 from importlib import metadata
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
-from . import contract, engine
+from . import contract, engine, schemas
 from .conf import get_conf
-from .contract import Body, Field, resolve
-from .ids import ID_PATTERN
+from .contract import Body, Field
 from .status import Status
-from .store import QUEUE_NAME_PATTERN
 from .work import consumer
 
 ASYNCAPI_VERSION = "3.0.0"
 DEFAULT_HOST = "127.0.0.1:8000"
-# A time the server sends: UTC ISO-8601 with a Z (``timeutil.to_wire``).
-WIRE_TIME = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$"
-# Every string the contract takes refuses NUL (no text store keeps one intact).
-NO_NUL = "^[^\\u0000]*$"
-
-
-def ecma_pattern(pattern: re.Pattern[str]) -> str:
-    """``pattern`` (a Python regex the contract fully matches) as a JSON Schema (ECMA 262)
-    regex anchored ``^...$``; a Python-only construct raises ``ValueError``."""
-    body = pattern.pattern
-    body = body.removeprefix("^").removeprefix(r"\A")
-    for end in (r"\Z", r"\z", "$"):
-        if body.endswith(end) and not body.endswith("\\" + end):
-            body = body.removesuffix(end)
-            break
-    python_only = ("(?P", "(?#", r"\A", r"\Z", r"\z", "(?i", "(?x", "(?s", "(?a", "(?L", "(?u")
-    if pattern.flags & ~re.UNICODE or any(token in body for token in python_only):
-        raise ValueError(f"no portable JSON Schema form for the regex {pattern.pattern!r}")
-    return f"^{body}$"
-
-
-PATTERNS = {"id": ID_PATTERN, "queue": QUEUE_NAME_PATTERN}
-
-
-# -- Body -> JSON Schema --------------------------------------------------------------------------
-
-
-def _number(value: float | None) -> float | int | None:
-    if value is None:
-        return None
-    return int(value) if float(value).is_integer() else value
 
 
 def field_schema(spec: Field, *, sent: bool = False) -> dict[str, Any]:
-    """The JSON Schema of one field; ``sent``: the server sends it (times are then UTC ``Z``)."""
-    schema: dict[str, Any] = {}
-    kind = spec.kind
-    if kind == "json":
-        if spec.sized:
-            most = get_conf().max_payload_bytes
-            schema["description"] = f"(The limit now: {most} bytes of JSON.)"
-    elif kind == "string":
-        schema["type"] = "string"
-        if spec.min_length is not None:
-            schema["minLength"] = spec.min_length
-        longest = _number(resolve(spec.max_length))
-        if longest is not None:
-            schema["maxLength"] = longest
-        if spec.pattern is not None:
-            schema["pattern"] = ecma_pattern(PATTERNS[spec.pattern])
-        else:
-            schema["pattern"] = NO_NUL
-    elif kind == "choice":
-        schema["type"] = "string"
-        schema["enum"] = list(spec.choices)
-    elif kind in ("integer", "number", "boolean"):
-        schema["type"] = kind
-        low, high = _number(resolve(spec.minimum)), _number(resolve(spec.maximum))
-        if low is not None:
-            schema["exclusiveMinimum" if spec.exclusive_minimum else "minimum"] = low
-        if high is not None:
-            schema["maximum"] = high
-    elif kind == "time":
-        schema["type"] = "string"
-        schema["format"] = "date-time"
-        if sent:
-            schema["pattern"] = WIRE_TIME
-    elif kind == "list":
-        assert spec.item is not None
-        schema["type"] = "array"
-        item = spec.item
-        schema["items"] = (
-            body_schema(item.body, sent=sent)
-            if item.kind == "object" and item.body is not None
-            else field_schema(item, sent=sent)
-        )
-        if spec.min_length is not None:
-            schema["minItems"] = spec.min_length
-        longest = _number(resolve(spec.max_length))
-        if longest is not None:
-            schema["maxItems"] = longest
-    elif kind == "object":
-        assert spec.body is not None
-        schema = body_schema(spec.body, sent=sent)
-    else:
-        raise ValueError(f"unknown field kind {kind}")
-    if spec.nullable and "type" in schema:
-        schema["type"] = [schema["type"], "null"]
-        if "enum" in schema:
-            schema["enum"] = [*schema["enum"], None]
-    notes = [spec.description] if spec.description else []
-    if spec.printable:
-        notes.append("Printable characters only.")
-    if notes:
-        schema["description"] = " ".join([*notes, schema.get("description", "")]).strip()
-    if spec.default is not None:
-        schema["default"] = spec.default
-    return schema
+    """The JSON Schema (draft 7) of one field (``schemas``, shared with ``/api/schema``)."""
+    return schemas.field_schema(spec, "jsonschema", sent=sent)
 
 
 def body_schema(body: Body, *, frame_type: str | None = None, sent: bool = False) -> dict[str, Any]:
-    """The JSON Schema of a ``Body``: its fields, which are required, nothing else; for a
-    frame, its ``type`` as a constant."""
-    properties = {spec.name: field_schema(spec, sent=sent) for spec in body.fields}
-    if frame_type is not None:
-        properties["type"] = {"const": frame_type}
-    schema: dict[str, Any] = {"title": body.name, "type": "object"}
-    if body.description:
-        schema["description"] = body.description
-    schema["properties"] = properties
-    required = [spec.name for spec in body.fields if spec.required]
-    if required:
-        schema["required"] = required
-    schema["additionalProperties"] = False
-    rules: list[dict[str, Any]] = []
-    for group in body.at_most_one_of:  # not two of them set (to something other than null)
-        rules.append(
-            {
-                "not": {
-                    "required": list(group),
-                    "properties": {name: {"not": {"type": "null"}} for name in group},
-                }
-            }
-        )
-    for group in body.exactly_one_of:
-        rules.append({"oneOf": [{"required": [name]} for name in group]})
-    if rules:
-        schema["allOf"] = rules
-    return schema
+    """The JSON Schema (draft 7) of a body; for a frame, its ``type`` as a constant."""
+    return schemas.body_schema(body, "jsonschema", sent=sent, frame_type=frame_type)
 
 
 # -- what the server sends, declared once -------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from . import patterns
+from .conf import get_conf
 from .contract import Body, Field, resolve
 
 Dialect = Literal["openapi", "jsonschema"]
@@ -28,12 +29,18 @@ def _number(value: float | None) -> float | int | None:
     return int(value) if float(value).is_integer() else value
 
 
-def field_schema(spec: Field, dialect: Dialect = "openapi") -> dict[str, Any]:
-    """The schema of one field's value."""
+def field_schema(
+    spec: Field, dialect: Dialect = "openapi", *, sent: bool = False
+) -> dict[str, Any]:
+    """The schema of one field's value; ``sent``: as the server sends it (times in UTC with
+    ``Z``, as ``timeutil.to_wire`` writes them)."""
     kind = spec.kind
     schema: dict[str, Any]
     if kind == "json":
         schema = {}
+        if spec.sized:
+            most = get_conf().max_payload_bytes
+            schema["description"] = f"At most {most} bytes of JSON."
     elif kind == "string":
         schema = {"type": "string"}
         if spec.min_length:
@@ -65,16 +72,16 @@ def field_schema(spec: Field, dialect: Dialect = "openapi") -> dict[str, Any]:
         schema = {"type": "boolean"}
     elif kind == "time":
         schema = {"type": "string", "format": "date-time", "maxLength": 64}
-        schema["pattern"] = patterns.TIME
+        schema["pattern"] = patterns.SENT_TIME if sent else patterns.TIME
     elif kind == "list":
         assert spec.item is not None
         item = spec.item
         schema = {"type": "array"}
         if item.kind == "object":
             assert item.body is not None
-            schema["items"] = body_schema(item.body, dialect)
+            schema["items"] = body_schema(item.body, dialect, sent=sent)
         else:
-            schema["items"] = field_schema(item, dialect)
+            schema["items"] = field_schema(item, dialect, sent=sent)
         if spec.min_length is not None:
             schema["minItems"] = spec.min_length
         longest = resolve(spec.max_length)
@@ -82,7 +89,7 @@ def field_schema(spec: Field, dialect: Dialect = "openapi") -> dict[str, Any]:
             schema["maxItems"] = int(longest)
     elif kind == "object":
         assert spec.body is not None
-        schema = body_schema(spec.body, dialect)
+        schema = body_schema(spec.body, dialect, sent=sent)
     else:
         raise ValueError(f"unknown field kind {kind}")
     if spec.nullable and kind != "json":
@@ -95,17 +102,22 @@ def field_schema(spec: Field, dialect: Dialect = "openapi") -> dict[str, Any]:
     if spec.default is not None:
         schema["default"] = spec.default
     if spec.description:
-        schema["description"] = spec.description
+        schema["description"] = " ".join([spec.description, schema.get("description", "")]).strip()
     return schema
 
 
-def body_schema(body: Body, dialect: Dialect = "openapi") -> dict[str, Any]:
-    """The schema of a body: its fields, which are required, and nothing else."""
-    schema: dict[str, Any] = {
-        "type": "object",
-        "properties": {spec.name: field_schema(spec, dialect) for spec in body.fields},
-        "additionalProperties": False,
-    }
+def body_schema(
+    body: Body, dialect: Dialect = "openapi", *, sent: bool = False, frame_type: str | None = None
+) -> dict[str, Any]:
+    """The schema of a body: its fields, which are required, and nothing else; for a socket
+    frame, its ``type`` as a constant."""
+    properties = {spec.name: field_schema(spec, dialect, sent=sent) for spec in body.fields}
+    if frame_type is not None:
+        properties["type"] = {"const": frame_type}
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if dialect == "jsonschema":
+        schema["title"] = body.name
+    schema["additionalProperties"] = False
     required = [spec.name for spec in body.fields if spec.required]
     if required:
         schema["required"] = required

@@ -19,10 +19,8 @@ from django.core.management import call_command
 from jsonschema import Draft7Validator
 
 from taskhoster import contract, engine
-from taskhoster.asyncapi import build_document, ecma_pattern
+from taskhoster.asyncapi import build_document
 from taskhoster.errors import TaskhosterError
-from taskhoster.ids import ID_PATTERN
-from taskhoster.store import QUEUE_NAME_PATTERN
 from tests.integration.wsclient import check_frame, sent_message_validators
 
 from .lifecycle_helpers import NewItem
@@ -126,17 +124,6 @@ def test_settings_bound_limits_are_read_when_the_document_is_built(settings) -> 
     )
     settings.TASKHOSTER = {**settings.TASKHOSTER, "MAX_CAPACITY": 7}
     assert payload_schema(build_document(), "subscribe")["properties"]["capacity"]["maximum"] == 7
-
-
-def test_python_patterns_become_anchored_ecma_patterns() -> None:
-    assert ecma_pattern(ID_PATTERN) == "^[A-Za-z0-9_-]{1,64}$"
-    assert ecma_pattern(QUEUE_NAME_PATTERN) == "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-    assert ecma_pattern(re.compile(r"ab+")) == "^ab+$"
-    assert ecma_pattern(re.compile(r"\Aab\Z")) == "^ab$"
-    with pytest.raises(ValueError, match="no portable"):
-        ecma_pattern(re.compile(r"(?P<name>a)"))
-    with pytest.raises(ValueError, match="no portable"):
-        ecma_pattern(re.compile("a", re.IGNORECASE))
 
 
 # -- the frames a worker sends: the schema agrees with contract.validate ------------------------
