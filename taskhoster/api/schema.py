@@ -169,12 +169,16 @@ def documented(
         answers |= _errors(merge_errors(AUTH_ERRORS, BODY_ERRORS if body else {}, errors or {}))
     elif errors:
         answers |= _errors(errors)
-    extensions = {"x-scopes": list(scopes)} if scopes else None
+    # x-scopes: the scopes of which the key needs one (empty: any valid key will do).
+    extensions = None if public else {"x-scopes": list(scopes)}
     description = None
     if scopes:
         description = f"Needs a key with the {' or '.join(f'`{s}`' for s in scopes)} scope."
+    elif not public:
+        description = "Needs a valid key (of any scope) that may use the queue."
     return extend_schema(
         operation_id=operation_id,
+        tags=[TAGS.get(operation_id, "service")],
         summary=summary,
         description=description,
         parameters=parameters,
@@ -185,6 +189,16 @@ def documented(
     )
 
 
+# The groups of operations (a generated client makes one module of each).
+TAGS = {
+    **dict.fromkeys(("listQueues", "getQueue", "putQueue", "deleteQueue"), "queues"),
+    **dict.fromkeys(
+        ("listItems", "postItems", "deleteItems", "getItem", "deleteItem", "restartItem"),
+        "items",
+    ),
+    **dict.fromkeys(("claimItems", "submitResult", "failItem", "extendLease"), "work"),
+    **dict.fromkeys(("listThreads", "getThread"), "threads"),
+}
 QUEUE_ERRORS = {400: ["invalid_queue_name"], 404: ["queue_not_found"]}
 ITEM_ERRORS = {400: ["invalid_id"], 404: ["item_not_found"]}
 

@@ -400,6 +400,7 @@ class MetricsView(ApiView):
 
     @extend_schema(
         operation_id="metrics",
+        tags=["service"],
         summary="Prometheus metrics",
         responses={
             (200, "text/plain"): OpenApiResponse(

@@ -11,6 +11,7 @@ import importlib
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import httpx
@@ -59,20 +60,21 @@ def generated(server_factory, tmp_path):
 
 def test_a_client_generated_from_the_schema_drives_an_item_through_its_life(generated, make_key):
     server, client_package = generated
-    api = importlib.import_module(f"{PACKAGE}.api.api")
     models = importlib.import_module(f"{PACKAGE}.models")
-    for name in (
-        "put_queue",
-        "post_items",
-        "claim_items",
-        "extend_lease",
-        "submit_result",
-        "fail_item",
-        "get_item",
-        "list_items",
-        "get_queue",
+    api = types.SimpleNamespace()
+    for module in (
+        "queues.put_queue",
+        "queues.get_queue",
+        "items.post_items",
+        "items.get_item",
+        "items.list_items",
+        "work.claim_items",
+        "work.extend_lease",
+        "work.submit_result",
+        "work.fail_item",
     ):
-        importlib.import_module(f"{PACKAGE}.api.api.{name}")
+        name = module.split(".")[1]
+        setattr(api, name, importlib.import_module(f"{PACKAGE}.api.{module}"))
     client = client_package.AuthenticatedClient(
         base_url=server.url, token=make_key(), prefix="Token", raise_on_unexpected_status=True
     )
