@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .conf import Conf, get_conf
@@ -395,9 +395,21 @@ SUBSCRIBE_FRAME = Body(
         ),
     ),
 )
-RESULT_FRAME = Body("ResultFrame", (FRAME_TYPE, ITEM_ID, RESULT_VALUE))
-FAIL_FRAME = Body("FailFrame", (FRAME_TYPE, ITEM_ID, ERROR_TEXT, RETRY))
-EXTEND_FRAME = Body("ExtendFrame", (FRAME_TYPE, ITEM_ID, EXTEND_SECONDS))
+# Optional on the socket (SPEC section 6: the socket knows the lease it holds), but a worker
+# that names the attempt it answers cannot have its fail or extend applied to a later attempt
+# of the same item pushed to the same socket (see ``work.consumer``).
+FRAME_LEASE = replace(
+    LEASE,
+    required=False,
+    code="invalid_lease",
+    description=(
+        "The lease of the item frame this answers. Optional; when given, a fail or extend "
+        "for another lease than the one the socket holds is acked accepted: false."
+    ),
+)
+RESULT_FRAME = Body("ResultFrame", (FRAME_TYPE, ITEM_ID, RESULT_VALUE, FRAME_LEASE))
+FAIL_FRAME = Body("FailFrame", (FRAME_TYPE, ITEM_ID, ERROR_TEXT, RETRY, FRAME_LEASE))
+EXTEND_FRAME = Body("ExtendFrame", (FRAME_TYPE, ITEM_ID, EXTEND_SECONDS, FRAME_LEASE))
 FRAMES = {
     "subscribe": SUBSCRIBE_FRAME,
     "result": RESULT_FRAME,

@@ -22,6 +22,10 @@ What it does for the handlers (SPEC section 6):
   (``extend_at``); if an extend is refused (the lease lapsed, the item is gone) the handler
   is cancelled, as the item is no longer this worker's.
 - **cancel**: a ``cancel`` frame (the item was deleted or timed out) cancels the handler's task.
+- **leases**: every ``result``, ``fail`` and ``extend`` carries the ``lease`` of the item frame
+  the handler now answers for (an item that comes back to this socket while its handler still
+  runs is adopted by that handler, under its new lease), so the server never applies one to
+  an attempt the worker does not mean.
 - **reconnect**: when the socket drops, the server re-queues what it held at once, so those
   handlers are cancelled; the worker reconnects with exponential backoff and jitter. A key or
   queue the server refuses (401, 403, no such queue) stops it with the typed error instead.
@@ -143,6 +147,13 @@ def _is_async(handler: Handler) -> bool:
     if inspect.iscoroutinefunction(handler):
         return True
     return not inspect.isroutine(handler) and inspect.iscoroutinefunction(type(handler).__call__)
+
+
+def _leased(frame: dict[str, Any], job: Job) -> dict[str, Any]:
+    """The frame with the lease of the item frame it answers (none if the server sent none)."""
+    if job.lease:
+        frame["lease"] = job.lease
+    return frame
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
@@ -480,6 +491,9 @@ class _Session:
 
     def on_cancel(self, frame: dict[str, Any]) -> None:
         entry = self.running.get(str(frame.get("id")))
+        lease = frame.get("lease")
+        if entry is not None and lease is not None and lease != entry.job.lease:
+            return  # for another attempt of the item than the one this handler answers for
         if entry is not None and entry.task is not None and not entry.task.done():
             log.info("item %s: cancelled by the server (%s)", entry.job.id, frame.get("reason"))
             entry.stop_reason = f"cancelled: {frame.get('reason')}"
@@ -520,7 +534,9 @@ class _Session:
                     if exc.code == "item_not_found":
                         log.info("item %s is gone; its result was dropped", job.id)
                         return
-                    frame = self.fail_frame(job, f"the result is too large: {exc.message}", False)
+                    frame = self.fail_frame(
+                        entry.job, f"the result is too large: {exc.message}", False
+                    )
                     ack = await self.request(frame)
                 else:
                     log.warning(
@@ -554,25 +570,27 @@ class _Session:
             task = asyncio.current_task()
             if entry.stop_reason is not None or (task is not None and task.cancelling()):
                 raise
-            return self.fail_frame(job, "the handler was cancelled", True)
+            return self.fail_frame(entry.job, "the handler was cancelled", True)
         except RetryableError as exc:
-            return self.fail_frame(job, _describe(exc, bare=True), True)
+            return self.fail_frame(entry.job, _describe(exc, bare=True), True)
         except PermanentError as exc:
-            return self.fail_frame(job, _describe(exc, bare=True), False)
+            return self.fail_frame(entry.job, _describe(exc, bare=True), False)
         except Exception as exc:
             log.exception("item %s (%s): the handler raised", job.id, job.queue)
-            return self.fail_frame(job, _describe(exc, bare=False), self.worker.retry_errors)
+            return self.fail_frame(entry.job, _describe(exc, bare=False), self.worker.retry_errors)
         finally:
             keepalive.cancel()
         try:
             json.dumps(value, allow_nan=False)
         except (TypeError, ValueError) as exc:
-            return self.fail_frame(job, f"the result is not JSON: {exc}", False)
-        return {"type": "result", "id": job.id, "result": value}
+            return self.fail_frame(entry.job, f"the result is not JSON: {exc}", False)
+        # ``entry.job``, not ``job``: the item may have come back under a new lease meanwhile.
+        return _leased({"type": "result", "id": job.id, "result": value}, entry.job)
 
     @staticmethod
     def fail_frame(job: Job, error: str, retry: bool) -> dict[str, Any]:
-        return {"type": "fail", "id": job.id, "error": error[-MAX_ERROR_CHARS:], "retry": retry}
+        frame = {"type": "fail", "id": job.id, "error": error[-MAX_ERROR_CHARS:], "retry": retry}
+        return _leased(frame, job)
 
     async def keepalive(self, entry: _Running) -> None:
         lease = self.leases[entry.job.queue]
@@ -582,7 +600,7 @@ class _Session:
             await asyncio.sleep(max(0.0, due - self.loop.time()))
             sent = self.loop.time()
             try:
-                ack = await self.request({"type": "extend", "id": entry.job.id})
+                ack = await self.request(_leased({"type": "extend", "id": entry.job.id}, entry.job))
             except (_Lost, SocketError):
                 return
             if not ack.get("accepted"):

@@ -14,6 +14,25 @@ the consumer: a socket that cannot be written to is treated as gone.
 Frames are answered in order, but not one at a time: each ``result``, ``fail`` or ``extend``
 is handed to the engine at once (so one socket's frames share group commits), and its
 answer goes into ``outbox``; one task sends the answers in the order the frames came.
+
+Leases on frames. An item can come back to the socket that held it: its lease lapsed (the
+sweep re-queued it), the socket's slot was freed (a refused extend), and the item was pushed
+here again under a new lease while the first attempt's handler still runs. A ``fail`` or
+``extend`` naming only the id would then be applied to the new attempt. So ``result``,
+``fail`` and ``extend`` may carry the ``lease`` of the item frame they answer:
+
+- no ``lease``: as ever, the frame answers whatever the socket holds for the item;
+- ``fail`` or ``extend`` with another lease than the one held (or for an item not held):
+  acked ``accepted: false``, and nothing changes: the held attempt keeps its lease, its slot
+  and its item, and the engine is not asked;
+- ``result`` with another lease than the one held: still submitted (rule 3: a result is
+  accepted while the item is not terminal, whoever sends it; the first wins), but the held
+  attempt keeps its slot while the result is applied (its handler still runs). Once the
+  verdict is in and the item is terminal (this result won, or it was over already), the
+  held attempt is over too: it is dropped, the socket is told ``cancel`` with
+  ``reason: "finished"`` and the held ``lease`` (so the worker stops the later attempt, not
+  the one that just answered), before the result's ``ack``, and its slot is freed, as for a
+  delete. The held attempt's own frames later get ``accepted: false``.
 """
 
 from __future__ import annotations
@@ -35,6 +54,7 @@ from ..faults import fault, raise_if_armed
 from ..ids import is_valid_id
 from ..keys import Principal, authenticate, parse_authorization
 from ..models import Queue
+from ..status import TERMINAL_STATUSES
 from ..timeutil import to_wire
 from .dispatcher import Dispatcher, get_dispatcher, run_sync
 
@@ -296,8 +316,23 @@ class WorkConsumer(AsyncWebsocketConsumer):
         assert self.dispatcher is not None
         self.dispatcher.register(self)
 
+    def _stale(self, message: dict[str, Any], holding: Held | None) -> bool:
+        """The frame names a lease, and it is not the one this socket holds for the item: it
+        answers an earlier attempt (one whose lease lapsed before the item came back here)."""
+        lease = message.get("lease")
+        return lease is not None and holding is not None and lease != holding.lease
+
     def _on_result(self, message: dict[str, Any]) -> Answer:
         item_id = message["id"]
+        holding = self.held.get(item_id)
+        if self._stale(message, holding):
+            # An earlier attempt's result: still submitted (rule 3), but the attempt this
+            # socket holds keeps its slot until the verdict says the item is over.
+            assert holding is not None
+            verdict = asyncio.ensure_future(
+                engine.submit_result_async(item_id=item_id, result=message["result"])
+            )
+            return self._stale_result_ack(item_id, holding, verdict)
         # Free the slot first, so the verdict's own news is not taken for a cancel, and so
         # the claim for the freed slot can join the same group as this result.
         self.held.pop(item_id, None)
@@ -317,12 +352,32 @@ class WorkConsumer(AsyncWebsocketConsumer):
         raise_if_armed("socket.result")
         return {"type": "ack", "id": item_id, "accepted": answer.accepted, "status": answer.status}
 
+    async def _stale_result_ack(
+        self, item_id: str, holding: Held, verdict: Awaitable[engine.Verdict]
+    ) -> dict[str, Any]:
+        """The ack of an earlier attempt's result. If the item is over now (this result won,
+        or it was already terminal), so is the attempt the socket holds: it is cancelled
+        (with its lease) before the ack, and its slot freed."""
+        try:
+            answer = await verdict
+        except ItemNotFound:
+            if item_id not in self.cancelled:
+                raise
+            return {"type": "ack", "id": item_id, "accepted": False}
+        if answer.status in TERMINAL_STATUSES and self.held.get(item_id) == holding:
+            del self.held[item_id]
+            await self.cancel(item_id, "finished", lease=holding.lease)
+            self._slot_freed()
+        raise_if_armed("socket.result")
+        return {"type": "ack", "id": item_id, "accepted": answer.accepted, "status": answer.status}
+
     def _on_fail(self, message: dict[str, Any]) -> Answer:
         item_id = message["id"]
         error, retry = message.get("error"), message["retry"]
-        holding = self.held.pop(item_id, None)
-        if holding is None:
+        holding = self.held.get(item_id)
+        if holding is None or self._stale(message, holding):
             return _now({"type": "ack", "id": item_id, "accepted": False})
+        del self.held[item_id]
         verdict = asyncio.ensure_future(
             engine.fail_async(item_id=item_id, lease=holding.lease, error=error, retry=retry)
         )
@@ -337,7 +392,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
     def _on_extend(self, message: dict[str, Any]) -> Answer:
         item_id, seconds = message["id"], message.get("seconds")
         holding = self.held.get(item_id)
-        if holding is None:
+        if holding is None or self._stale(message, holding):
             return _now({"type": "ack", "id": item_id, "accepted": False})
         extended = asyncio.ensure_future(
             engine.extend_async(item_id=item_id, lease=holding.lease, seconds=seconds)
@@ -378,9 +433,12 @@ class WorkConsumer(AsyncWebsocketConsumer):
             return False
         return True
 
-    async def cancel(self, item_id: str, reason: str) -> None:
+    async def cancel(self, item_id: str, reason: str, *, lease: str | None = None) -> None:
         self.cancelled.append(item_id)
-        await self._send({"type": "cancel", "id": item_id, "reason": reason})
+        frame = {"type": "cancel", "id": item_id, "reason": reason}
+        if lease is not None:
+            frame["lease"] = lease
+        await self._send(frame)
 
     async def _error(self, code: str, message: str, *, item_id: Any = None) -> None:
         frame = {"type": "error", "code": code, "message": message}
