@@ -2,9 +2,9 @@
 
 Each body is a ``Body`` of ``Field``s with their types, bounds and limits. The same
 declaration validates a request (``validate``: plain Python, no framework, fast enough to
-run on every post) and describes it in ``/api/schema`` (``api.serializers`` builds the DRF
-serializers that drf-spectacular reads from it). Limits that are settings (the largest
-batch, claim, wait, capacity and payload) are read from ``conf`` when they are used, never
+run on every post) and describes it in ``/api/schema`` and in the socket's AsyncAPI document
+(``schemas`` turns it into JSON Schema). Limits that are settings (the largest batch, claim,
+wait, capacity and payload) are read from ``conf`` when they are used, never
 at import time.
 
 A refused value raises ``InvalidInput`` (400) naming the field, or ``TooLarge`` (413) for a
@@ -22,6 +22,7 @@ from typing import Any
 from .conf import Conf, get_conf
 from .errors import InvalidInput, TooLarge
 from .ids import ID_PATTERN
+from .patterns import is_printable, is_wire_time
 from .status import Status
 from .store import QUEUE_NAME_PATTERN
 from .timeutil import parse_wire
@@ -108,8 +109,8 @@ def validate(body: Body, data: Any, *, where: str = "") -> dict[str, Any]:
             values[spec.name] = None
             continue
         values[spec.name] = _check(spec, value, name)
-    for group in body.at_most_one_of:
-        if sum(values.get(n) is not None for n in group) > 1:
+    for group in body.at_most_one_of:  # given at all, even as null (as the schemas say)
+        if sum(n in values for n in group) > 1:
             raise InvalidInput(f"give {' or '.join(group)}, not both", code="invalid")
     for group in body.exactly_one_of:
         if sum(n in values for n in group) != 1:
@@ -141,7 +142,7 @@ def _check(spec: Field, value: Any, name: str) -> Any:
             )
         if "\x00" in value:  # no text store (files, database) keeps a NUL intact
             raise InvalidInput(f"{name} must not contain NUL characters", code=spec.code)
-        if spec.printable and not value.isprintable():
+        if spec.printable and not is_printable(value):
             raise InvalidInput(f"{name} must be printable characters", code=spec.code)
         if spec.pattern == "id" and ID_PATTERN.fullmatch(value) is None:
             raise InvalidInput(f"{name} must be an item id", code=spec.code)
@@ -168,6 +169,11 @@ def _check(spec: Field, value: Any, name: str) -> Any:
             raise InvalidInput(f"{name} must be true or false", code=spec.code)
         return value
     if kind == "time":
+        if not isinstance(value, str) or not is_wire_time(value):
+            raise InvalidInput(
+                f"{name} must be an ISO-8601 time such as 2026-01-31T12:00:00Z",
+                code=spec.code,
+            )
         try:
             return parse_wire(value)
         except (ValueError, OverflowError):
