@@ -167,7 +167,11 @@ class QueueItemsView(ApiView):
         responses={201: "Posted", 200: "Item"},
         errors=merge_errors(
             QUEUE_ERRORS,
-            {400: ["invalid", "batch_too_large"], 409: ["busy"], 413: ["batch_too_large"]},
+            {
+                400: ["invalid"],
+                409: ["busy", "scheduled_beyond_timeout"],
+                413: ["batch_too_large"],
+            },
         ),
         body=True,
     )

@@ -735,7 +735,8 @@ class Group:
             raise QueueNotFound(f"queue {op.queue_name!r} does not exist")
         for row in op.rows:
             if row.scheduled_at > row.posted_at + _secs(queue.queue_seconds):
-                raise InvalidInput(
+                # 409: the body is well formed; it conflicts with the queue's queueSeconds.
+                raise Conflict(
                     "scheduledAt is beyond the queue timeout: the item would time out before "
                     "it could be claimed",
                     code="scheduled_beyond_timeout",

@@ -296,6 +296,21 @@ def test_post_answers_201_with_the_item_in_its_wire_names(api, q):
     assert get(api, item["id"]) == item
 
 
+def test_a_post_scheduled_past_the_queue_timeout_conflicts_with_409_and_stores_nothing(
+    api, make_queue
+):
+    make_queue("short", queueSeconds=60)
+    for body in (
+        {"payload": 1, "delaySeconds": 61},
+        {"items": [{"payload": 1, "delaySeconds": 120}]},
+    ):
+        answer = api.post("/api/queues/short/items", body, format="json")
+        assert answer.status_code == 409
+        assert answer.json()["error"]["code"] == "scheduled_beyond_timeout"
+    assert ok(api.get("/api/queues/short/items"))["items"] == []
+    post(api, queue="short", payload=1, delaySeconds=59)
+
+
 @pytest.mark.parametrize(
     "payload", [None, 0, -1.5, "", "é€😀", [], {}, [{"a": {"b": [True]}}], 10**30]
 )
