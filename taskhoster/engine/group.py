@@ -32,7 +32,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from .. import events, metrics
-from ..errors import Conflict, InvalidInput, ItemNotFound, QueueNotFound, TaskhosterError
+from ..errors import Conflict, ItemNotFound, QueueNotFound, TaskhosterError
 from ..faults import crash_point
 from ..ids import new_id, new_ids
 from ..status import State, Status
