@@ -718,21 +718,21 @@ def _wire(at: datetime) -> str:
     return at.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def test_scheduled_at_beyond_the_queue_timeout_is_refused_with_400(world):
+def test_scheduled_at_beyond_the_queue_timeout_is_refused_with_409(world):
     later = datetime.now(UTC) + timedelta(hours=2)  # queueSeconds is 3600
     body = {"payload": 1, "scheduledAt": _wire(later)}
-    refused(world, send(world, "post", "/api/queues/q/items", body), 400)
+    refused(world, send(world, "post", "/api/queues/q/items", body), 409)
 
 
-def test_delay_beyond_the_queue_timeout_is_refused_with_400(world):
+def test_delay_beyond_the_queue_timeout_is_refused_with_409(world):
     body = {"payload": 1, "delaySeconds": 3700}
-    refused(world, send(world, "post", "/api/queues/q/items", body), 400)
+    refused(world, send(world, "post", "/api/queues/q/items", body), 409)
 
 
 def test_batch_with_one_member_beyond_the_queue_timeout_posts_none(world):
     later = datetime.now(UTC) + timedelta(hours=2)
     body = {"items": [{"payload": 1}, {"payload": 2, "scheduledAt": _wire(later)}]}
-    refused(world, send(world, "post", "/api/queues/q/items", body), 400)
+    refused(world, send(world, "post", "/api/queues/q/items", body), 409)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from taskhoster import engine
-from taskhoster.errors import InvalidInput, ItemNotFound, QueueNotFound
+from taskhoster.errors import Conflict, ItemNotFound, QueueNotFound
 from taskhoster.models import Item
 
 from .lifecycle_helpers import (
@@ -70,7 +70,7 @@ def test_post_scheduled_beyond_queue_timeout_is_refused_and_leaves_nothing(
     make_queue, state_root: Path
 ) -> None:
     make_queue("q", queueSeconds=60)
-    with pytest.raises(InvalidInput):
+    with pytest.raises(Conflict):
         post(delay_seconds=61)
     assert Item.objects.count() == 0
     assert list((state_root / "q" / "pending").iterdir()) == []

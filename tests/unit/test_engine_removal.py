@@ -8,7 +8,7 @@ import pytest
 
 from taskhoster import engine
 from taskhoster.engine import NewItem
-from taskhoster.errors import Conflict, InvalidInput, ItemNotFound
+from taskhoster.errors import Conflict, ItemNotFound
 from taskhoster.models import Item
 
 from .lifecycle_helpers import (
@@ -280,7 +280,7 @@ def test_batch_post_gives_every_member_an_id_in_list_order(make_queue, state_roo
 def test_batch_post_with_one_invalid_member_posts_nothing(make_queue, state_root: Path) -> None:
     make_queue("q", queueSeconds=60)
     items = [NewItem(payload=n) for n in range(9)] + [NewItem(payload="x", delay_seconds=120)]
-    with pytest.raises(InvalidInput):
+    with pytest.raises(Conflict):
         engine.post_items(queue_name="q", items=items)
     assert Item.objects.count() == 0
     assert sorted(p.name for p in (state_root / "q").rglob("*") if p.is_file()) == ["queue.json"]
