@@ -203,6 +203,13 @@ def _check(spec: Field, value: Any, name: str) -> Any:
     raise ValueError(f"unknown field kind {kind}")
 
 
+def check(spec: Field, value: Any, name: str) -> Any:
+    """One value (a path or query parameter) against its declaration."""
+    if value is None:
+        raise InvalidInput(f"{name} must not be null", code=spec.code)
+    return _check(spec, value, name)
+
+
 def check_size(value: Any, name: str) -> None:
     """A payload or result: at most ``MAX_PAYLOAD_BYTES`` of JSON, else 413."""
     most = get_conf().max_payload_bytes
@@ -266,6 +273,15 @@ EXTEND_SECONDS = Field(
     description="Extend by this much (at most the queue's leaseSeconds).",
 )
 
+THREAD_ID = Field(
+    "threadId",
+    "string",
+    min_length=1,
+    max_length=200,
+    printable=True,
+    code="invalid_thread_id",
+    description="Members of one thread run one at a time: 1-200 printable characters.",
+)
 POST_ITEM = Body(
     "PostItem",
     (
@@ -277,15 +293,7 @@ POST_ITEM = Body(
             sized=True,
             description="Any JSON: the work (at most the payload limit).",
         ),
-        Field(
-            "threadId",
-            "string",
-            nullable=True,
-            min_length=1,
-            max_length=200,
-            printable=True,
-            description="Members of one thread run one at a time.",
-        ),
+        replace(THREAD_ID, nullable=True, code="invalid"),
         Field(
             "scheduledAt",
             "time",

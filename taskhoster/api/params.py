@@ -10,10 +10,10 @@ import math
 import re
 from collections.abc import Mapping
 
+from .. import contract
 from ..conf import get_conf
 from ..errors import InvalidInput
 from ..ids import is_valid_id
-from ..patterns import is_printable
 
 INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
 NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
@@ -54,10 +54,8 @@ def choice(params: Mapping[str, str], name: str, choices: set[str]) -> str | Non
 
 
 def thread_id(text: str | None) -> str | None:
-    """A threadId: 1-200 printable characters."""
-    if text is not None and not (1 <= len(text) <= 200 and is_printable(text)):
-        raise InvalidInput("a threadId is 1-200 printable characters", code="invalid_thread_id")
-    return text
+    """A threadId (``contract.THREAD_ID``), or None when not given."""
+    return None if text is None else str(contract.check(contract.THREAD_ID, text, "threadId"))
 
 
 def item_id(text: str) -> str:

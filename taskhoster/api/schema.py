@@ -23,13 +23,6 @@ from ..status import RetainFrom, Status
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-THREAD_ID = {
-    "type": "string",
-    "minLength": 1,
-    "maxLength": 200,
-    "pattern": schemas.PRINTABLE_REGEX,
-    "description": "1-200 printable characters (no control characters).",
-}
 CURSOR = {
     "type": "string",
     "maxLength": 400,
@@ -61,13 +54,11 @@ def queue_param() -> OpenApiParameter:
 
 
 def item_param() -> OpenApiParameter:
-    return _path(
-        "item_id", {"type": "string", "pattern": schemas.ID_REGEX, "maxLength": 64}, "An item."
-    )
+    return _path("item_id", schemas.field_schema(contract.ITEM_ID), "An item.")
 
 
 def thread_param() -> OpenApiParameter:
-    return _path("thread_id", THREAD_ID, "A thread of the queue.")
+    return _path("thread_id", schemas.field_schema(contract.THREAD_ID), "A thread of the queue.")
 
 
 def limit_param() -> OpenApiParameter:
@@ -90,7 +81,9 @@ def status_param() -> OpenApiParameter:
 
 
 def thread_filter_param() -> OpenApiParameter:
-    return _query("threadId", THREAD_ID, "Only this thread's members.")
+    return _query(
+        "threadId", schemas.field_schema(contract.THREAD_ID), "Only this thread's members."
+    )
 
 
 def wait_param() -> OpenApiParameter:

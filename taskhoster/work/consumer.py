@@ -325,48 +325,44 @@ class WorkConsumer(AsyncWebsocketConsumer):
     def _on_result(self, message: dict[str, Any]) -> Answer:
         item_id = message["id"]
         holding = self.held.get(item_id)
-        if self._stale(message, holding):
-            # An earlier attempt's result: still submitted (rule 3), but the attempt this
-            # socket holds keeps its slot until the verdict says the item is over.
-            assert holding is not None
-            verdict = asyncio.ensure_future(
-                engine.submit_result_async(item_id=item_id, result=message["result"])
-            )
-            return self._stale_result_ack(item_id, holding, verdict)
-        # Free the slot first, so the verdict's own news is not taken for a cancel, and so
-        # the claim for the freed slot can join the same group as this result.
-        self.held.pop(item_id, None)
+        stale = self._stale(message, holding)
         verdict = asyncio.ensure_future(
             engine.submit_result_async(item_id=item_id, result=message["result"])
         )
+        if stale:
+            # An earlier attempt's result: still submitted (rule 3), but the attempt this
+            # socket holds keeps its slot until the verdict says the item is over.
+            return self._result_ack(item_id, verdict, still_held=holding)
+        # Free the slot at once, so the verdict's own news is not taken for a cancel, and so
+        # the claim for the freed slot can join the same group as this result.
+        self.held.pop(item_id, None)
         self._slot_freed()
         return self._result_ack(item_id, verdict)
 
-    async def _result_ack(self, item_id: str, verdict: Awaitable[engine.Verdict]) -> dict[str, Any]:
-        try:
-            answer = await verdict
-        except ItemNotFound:
-            if item_id not in self.cancelled:
-                raise
-            return {"type": "ack", "id": item_id, "accepted": False}
-        raise_if_armed("socket.result")
-        return {"type": "ack", "id": item_id, "accepted": answer.accepted, "status": answer.status}
-
-    async def _stale_result_ack(
-        self, item_id: str, holding: Held, verdict: Awaitable[engine.Verdict]
+    async def _result_ack(
+        self,
+        item_id: str,
+        verdict: Awaitable[engine.Verdict],
+        *,
+        still_held: Held | None = None,
     ) -> dict[str, Any]:
-        """The ack of an earlier attempt's result. If the item is over now (this result won,
-        or it was already terminal), so is the attempt the socket holds: it is cancelled
-        (with its lease) before the ack, and its slot freed."""
+        """The ack of a result. ``still_held``: the later attempt this socket holds when the
+        result came from an earlier one; if the item is over now (this result won, or it was
+        already terminal), so is that attempt: it is cancelled (with its lease) before the
+        ack, and its slot freed."""
         try:
             answer = await verdict
         except ItemNotFound:
             if item_id not in self.cancelled:
                 raise
             return {"type": "ack", "id": item_id, "accepted": False}
-        if answer.status in TERMINAL_STATUSES and self.held.get(item_id) == holding:
+        if (
+            still_held is not None
+            and answer.status in TERMINAL_STATUSES
+            and self.held.get(item_id) == still_held
+        ):
             del self.held[item_id]
-            await self.cancel(item_id, "finished", lease=holding.lease)
+            await self.cancel(item_id, "finished", lease=still_held.lease)
             self._slot_freed()
         raise_if_armed("socket.result")
         return {"type": "ack", "id": item_id, "accepted": answer.accepted, "status": answer.status}

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import websockets
 
-from .wsclient import connect, recv, recv_none, send, subscribe, ws_url
+from .wsclient import connect, make_queue, post, recv, recv_none, send, status_of, subscribe, ws_url
 
 pytestmark = pytest.mark.slow
 
@@ -36,20 +36,6 @@ def http(server, key):
         base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=10
     ) as client:
         yield client
-
-
-def make_queue(http, name="q", **settings):
-    assert http.put(f"/api/queues/{name}", json=settings).status_code in (200, 201)
-
-
-def post(http, payload, queue="q", **extra):
-    response = http.post(f"/api/queues/{queue}/items", json={"payload": payload, **extra})
-    assert response.status_code == 201, response.text
-    return response.json()["id"]
-
-
-def status_of(http, item_id):
-    return http.get(f"/api/items/{item_id}").json()
 
 
 def metric(http, name, queue="q"):

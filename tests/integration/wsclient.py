@@ -95,3 +95,20 @@ async def recv_none(ws: Any, timeout: float = 0.5) -> None:
 
 async def subscribe(ws: Any, queues: list[str], capacity: int) -> None:
     await send(ws, {"type": "subscribe", "queues": queues, "capacity": capacity})
+
+
+def make_queue(http: Any, name: str = "q", **settings: Any) -> None:
+    """Create (or update) a queue over REST with an ``httpx.Client`` holding a key."""
+    assert http.put(f"/api/queues/{name}", json=settings).status_code in (200, 201)
+
+
+def post(http: Any, payload: Any, queue: str = "q", **extra: Any) -> str:
+    """Post one item over REST; its id."""
+    response = http.post(f"/api/queues/{queue}/items", json={"payload": payload, **extra})
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+def status_of(http: Any, item_id: str) -> dict[str, Any]:
+    """The item as ``GET /api/items/{id}`` shows it."""
+    return dict(http.get(f"/api/items/{item_id}").json())
