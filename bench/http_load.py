@@ -92,6 +92,10 @@ class WrkRow:
     socket_errors: int
     load_before: str
     load_after: str
+    # CPU time (user + system) per request while wrk ran: the server process and its
+    # committer child. Less noisy than rates on a busy machine: it is what one request costs.
+    server_us: float = float("nan")
+    committer_us: float = float("nan")
 
 
 def post_script(tmp: Path, key: str) -> Path:
@@ -128,9 +132,33 @@ def parse_wrk(text: str) -> dict[str, Any]:
     return found
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process so far (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_of(pid: int) -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
 def run_wrk(
-    args: argparse.Namespace, round_: int, name: str, url: str, script: Path | None
+    args: argparse.Namespace,
+    round_: int,
+    name: str,
+    url: str,
+    script: Path | None,
+    server_pid: int | None = None,
 ) -> WrkRow:
+    pids = [server_pid, *children_of(server_pid)] if server_pid else []
+    cpu_before = [cpu_seconds(p) for p in pids]
     argv = [args.wrk, f"-t{WRK_THREADS}", f"-c{args.connections}", f"-d{args.seconds:g}s"]
     argv += ["--latency", *(["-s", str(script)] if script else []), url]
     load_before = load_average()
@@ -143,8 +171,10 @@ def run_wrk(
         raise
     if proc.returncode != 0:
         raise BenchError(f"{' '.join(argv)} exited with {proc.returncode}:\n{out}")
+    cpu = [cpu_seconds(p) - b for p, b in zip(pids, cpu_before, strict=True)]
     found = parse_wrk(out)
     ok = max(0, found["requests"] - found["non_2xx"]) / max(found["requests"], 1)
+    per_request = [round(c / max(found["requests"], 1) * 1e6, 1) for c in cpu]
     return WrkRow(
         round=round_,
         name=name,
@@ -157,6 +187,8 @@ def run_wrk(
         socket_errors=found["socket_errors"],
         load_before=load_before,
         load_after=load_average(),
+        server_us=per_request[0] if per_request else float("nan"),
+        committer_us=sum(per_request[1:]) if per_request[1:] else float("nan"),
     )
 
 
@@ -367,7 +399,8 @@ def search_rate(args: argparse.Namespace, url: str, key: str, trials: list[Trial
 
 WRK_HEADER = (
     f"{'round':>5} {'what':<8} {'requests':>8} {'req/s':>8} {'2xx/s':>8} "
-    f"{'p50 ms':>7} {'p99 ms':>7} {'non-2xx':>7} {'sock err':>8}  load before -> after"
+    f"{'p50 ms':>7} {'p99 ms':>7} {'non-2xx':>7} {'sock err':>8} {'CPU µs/req':>10} "
+    f"{'commit':>6}  load before -> after"
 )
 
 
@@ -375,7 +408,8 @@ def format_wrk(r: WrkRow) -> str:
     return (
         f"{r.round:>5} {r.name:<8} {r.requests:>8} {r.per_second:>8.1f} "
         f"{r.ok_per_second:>8.1f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} {r.non_2xx:>7} "
-        f"{r.socket_errors:>8}  {r.load_before} -> {r.load_after}"
+        f"{r.socket_errors:>8} {r.server_us:>10.0f} {r.committer_us:>6.0f}  "
+        f"{r.load_before} -> {r.load_after}"
     )
 
 
@@ -478,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
                     ("healthz", "/healthz", None),
                     ("post", ITEMS_URL, script),
                 ):
-                    rows.append(run_wrk(args, n, name, server.url + path, lua))
+                    rows.append(run_wrk(args, n, name, server.url + path, lua, info["daphne_pid"]))
                     say("   " + format_wrk(rows[-1]))
                 deleted = delete_pending(client)
                 os.sync()
