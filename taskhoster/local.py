@@ -228,42 +228,62 @@ def _body(
 
 def _check_json(value: Any, name: str) -> None:
     """Only what a JSON body can hold, so the item reads back as it was posted: dicts with
-    string keys, lists, strings, finite numbers, booleans and None."""
+    string keys, lists, strings, finite numbers, booleans and None.
+
+    A round trip through JSON (in C) tells; a walk through the value (slower) says where.
+    """
     try:
-        _walk_json(value, name)
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        if json.loads(text) == value:
+            text.encode("utf-8")  # a lone surrogate is no text to store
+            return
+    except (TypeError, ValueError, UnicodeEncodeError, RecursionError):
+        pass
+    try:
+        _walk_json(value, [name])
     except RecursionError:
         raise InvalidInput(f"{name} is nested too deeply", code="invalid") from None
+    raise InvalidInput(f"{name} does not read back from JSON as it is", code="invalid")
 
 
-def _walk_json(value: Any, name: str) -> None:
+def _walk_json(value: Any, path: list[str]) -> None:
+    """``path`` is where ``value`` is, in pieces, joined only to name a refused value."""
     if value is None or isinstance(value, bool | int):
         return
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise InvalidInput(f"{name} holds a lone surrogate: not text", code="invalid") from None
+            raise InvalidInput(
+                f"{''.join(path)} holds a lone surrogate: not text", code="invalid"
+            ) from None
         return
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise InvalidInput(f"{name} must be finite", code="invalid")
+            raise InvalidInput(f"{''.join(path)} must be finite", code="invalid")
         return
     if isinstance(value, list):
         for n, member in enumerate(value):
-            _walk_json(member, f"{name}[{n}]")
+            path.append(f"[{n}]")
+            _walk_json(member, path)
+            path.pop()
         return
     if isinstance(value, dict):
         for field, member in value.items():
             if not isinstance(field, str):
                 raise InvalidInput(
-                    f"{name} has the key {field!r}: JSON keys are strings", code="invalid"
+                    f"{''.join(path)} has the key {field!r}: JSON keys are strings",
+                    code="invalid",
                 )
-            _walk_json(field, f"{name} key")
-            _walk_json(member, f"{name}[{json.dumps(field, ensure_ascii=False)}]")
+            path.append(" key")
+            _walk_json(field, path)
+            path[-1] = f"[{json.dumps(field, ensure_ascii=False)}]"
+            _walk_json(member, path)
+            path.pop()
         return
     raise InvalidInput(
-        f"{name} is a {type(value).__name__}: JSON has dicts, lists, strings, numbers, "
-        "booleans and None",
+        f"{''.join(path)} is a {type(value).__name__}: JSON has dicts, lists, strings, "
+        "numbers, booleans and None",
         code="invalid",
     )
 
