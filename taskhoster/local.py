@@ -41,7 +41,7 @@ from django.db.transaction import TransactionManagementError
 
 from . import contract, engine
 from .api import params
-from .errors import Conflict, InvalidInput
+from .errors import InvalidInput
 from .timeutil import now as utcnow
 from .timeutil import to_wire
 
@@ -360,17 +360,11 @@ def _check_early(queue: str, new: list[engine.NewItem]) -> None:
     engine decides again at the commit."""
     live = engine.get_live_queue(queue)
     at = utcnow()
-    latest = at + timedelta(seconds=live.queue_seconds)
     for item in new:
         scheduled = item.scheduled_at or at
         if item.delay_seconds is not None:
             scheduled = at + timedelta(seconds=item.delay_seconds)
-        if scheduled > latest:
-            raise Conflict(
-                "scheduledAt is beyond the queue timeout: the item would time out before "
-                "it could be claimed",
-                code="scheduled_beyond_timeout",
-            )
+        engine.check_schedule(scheduled, at, live.queue_seconds)
 
 
 def _run(queue: str, new: list[engine.NewItem], postings: list[Posting], *, robust: bool) -> None:

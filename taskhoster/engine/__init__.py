@@ -8,7 +8,7 @@ files; a single call is a group of one.
 
 from . import queues, threads
 from .clocks import SweepReport, sweep
-from .group import LEASE_EXPIRED, TIMEOUT, WORKER_DISCONNECTED
+from .group import LEASE_EXPIRED, TIMEOUT, WORKER_DISCONNECTED, check_schedule
 from .ops import Claimed, NewItem, Posted, Verdict
 from .queues import queue_settings, upsert_queue
 from .reading import counts_by_queue, get_item, get_row, list_items, wait_for_verdict
@@ -54,6 +54,7 @@ __all__ = [
     "SweepReport",
     "Verdict",
     "apply_clock",
+    "check_schedule",
     "claim",
     "claim_async",
     "counts_by_queue",

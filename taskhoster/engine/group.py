@@ -734,13 +734,7 @@ class Group:
         if queue is None:
             raise QueueNotFound(f"queue {op.queue_name!r} does not exist")
         for row in op.rows:
-            if row.scheduled_at > row.posted_at + _secs(queue.queue_seconds):
-                # 409: the body is well formed; it conflicts with the queue's queueSeconds.
-                raise Conflict(
-                    "scheduledAt is beyond the queue timeout: the item would time out before "
-                    "it could be claimed",
-                    code="scheduled_beyond_timeout",
-                )
+            check_schedule(row.scheduled_at, row.posted_at, queue.queue_seconds)
         keys = [item.key for item in op.items if item.key is not None]
         existing = sql.existing_keys(
             queue.id, [k for k in keys if (queue.id, k) not in self.keys_seen]
@@ -966,6 +960,17 @@ class Group:
 
 def _secs(value: float) -> timedelta:
     return timedelta(seconds=value)
+
+
+def check_schedule(scheduled_at: datetime, posted_at: datetime, queue_seconds: float) -> None:
+    """An item may not be scheduled past its queue's timeout: it would time out before it
+    could be claimed. A 409: the body is well formed; it conflicts with ``queueSeconds``."""
+    if scheduled_at > posted_at + _secs(queue_seconds):
+        raise Conflict(
+            "scheduledAt is beyond the queue timeout: the item would time out before it "
+            "could be claimed",
+            code="scheduled_beyond_timeout",
+        )
 
 
 def prepare_post(queue_name: str, items: list[Any]) -> Post:
