@@ -357,7 +357,18 @@ CLAIM = Body(
         ),
     ),
 )
-RESULT = Body("Result", (RESULT_VALUE,))
+# Optional on a REST result, as on the socket's result frame, so a worker sends one shape
+# either way; it changes nothing: a result is taken whatever its lease (SPEC rule 3, the first
+# result wins). A REST fail or extend needs its lease: over HTTP the lease is the only holder.
+RESULT_LEASE = replace(
+    LEASE,
+    required=False,
+    description=(
+        "The lease of the claim this answers. Optional, and it changes nothing: a result is "
+        "taken whatever its lease (the first result wins)."
+    ),
+)
+RESULT = Body("Result", (RESULT_VALUE, RESULT_LEASE))
 FAIL = Body("Fail", (LEASE, ERROR_TEXT, RETRY))
 EXTEND = Body("Extend", (LEASE, EXTEND_SECONDS))
 BULK_DELETE = Body(

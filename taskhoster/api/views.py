@@ -195,7 +195,8 @@ class QueueItemsView(ApiView):
             for s in specs
         ]
         posted = engine.post_items(queue_name=queue, items=new)
-        wires = [engine.item_json(p.row, payload=p.payload, result=None) for p in posted]
+        # A repeated key answers its item as GET shows it, result included.
+        wires = [engine.item_json(p.row, payload=p.payload, result=p.result) for p in posted]
         if batch:
             return Response({"items": wires}, status=status.HTTP_201_CREATED)
         code = status.HTTP_201_CREATED if posted[0].created else status.HTTP_200_OK
