@@ -89,7 +89,9 @@ class Body:
 def validate(body: Body, data: Any, *, where: str = "") -> dict[str, Any]:
     """The body's values (with defaults), or ``InvalidInput``/``TooLarge`` naming the field."""
     if not isinstance(data, dict):
-        raise InvalidInput(f"{where or 'the body'} must be a JSON object", code="invalid_body")
+        raise InvalidInput(
+            f"{where.rstrip('.') or 'the body'} must be a JSON object", code="invalid_body"
+        )
     unknown = sorted(set(data) - body.names)
     if unknown:
         raise InvalidInput(f"unknown field(s): {', '.join(unknown)}", code="unknown_field")

@@ -94,7 +94,7 @@ class QueueView(ApiView):
         require(request, "manage", queue=queue)
         body = request.data
         if not isinstance(body, dict):
-            raise InvalidInput("expected a JSON object of settings", code="invalid_body")
+            raise InvalidInput("the body must be a JSON object of settings", code="invalid_body")
         q, created = engine.upsert_queue(name=queue, body=body)
         wire = _queue_wire(q, engine.counts_by_queue([q.id])[q.id])
         return Response(wire, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
