@@ -81,6 +81,7 @@ class Serve:
         for name in ("DATABASE_URL", "REDIS_URL", "TASKHOSTER_ROOT", "DJANGO_SETTINGS_MODULE"):
             env.pop(name, None)
         self.log_path = var / f"serve-{port}.log"
+        self.seen: set[int] = set()
         var.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -125,10 +126,12 @@ class Serve:
             return found if {"daphne", "sweep", "committer"} <= set(found) else None
 
         found: dict[str, int] = wait_until(roles, 10, "daphne, its committer and the sweep")
+        self.seen |= set(found.values())
         return found
 
     def kill_all(self) -> None:
-        for pid in descendants(self.proc.pid) | {self.proc.pid}:
+        # Those seen too: a script that fails this test leaves them orphaned, no descendants.
+        for pid in descendants(self.proc.pid) | {self.proc.pid} | self.seen:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.proc.wait(10)
@@ -152,7 +155,7 @@ def serve(var: Path) -> Iterator[Any]:
 
     yield start
     for run in started:
-        if run.proc.poll() is None or descendants(run.proc.pid):
+        if run.proc.poll() is None or descendants(run.proc.pid) or any(map(alive, run.seen)):
             run.kill_all()
 
 
