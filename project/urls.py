@@ -1,8 +1,11 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from . import views
+
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("", views.root),  # the front page: what the server is and where its parts are
     path("", include("taskhoster.urls")),
 ]
 

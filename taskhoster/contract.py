@@ -89,7 +89,9 @@ class Body:
 def validate(body: Body, data: Any, *, where: str = "") -> dict[str, Any]:
     """The body's values (with defaults), or ``InvalidInput``/``TooLarge`` naming the field."""
     if not isinstance(data, dict):
-        raise InvalidInput(f"{where or 'the body'} must be a JSON object", code="invalid_body")
+        raise InvalidInput(
+            f"{where.rstrip('.') or 'the body'} must be a JSON object", code="invalid_body"
+        )
     unknown = sorted(set(data) - body.names)
     if unknown:
         raise InvalidInput(f"unknown field(s): {', '.join(unknown)}", code="unknown_field")
@@ -357,7 +359,18 @@ CLAIM = Body(
         ),
     ),
 )
-RESULT = Body("Result", (RESULT_VALUE,))
+# Optional on a REST result, as on the socket's result frame, so a worker sends one shape
+# either way; it changes nothing: a result is taken whatever its lease (SPEC rule 3, the first
+# result wins). A REST fail or extend needs its lease: over HTTP the lease is the only holder.
+RESULT_LEASE = replace(
+    LEASE,
+    required=False,
+    description=(
+        "The lease of the claim this answers. Optional, and it changes nothing: a result is "
+        "taken whatever its lease (the first result wins)."
+    ),
+)
+RESULT = Body("Result", (RESULT_VALUE, RESULT_LEASE))
 FAIL = Body("Fail", (LEASE, ERROR_TEXT, RETRY))
 EXTEND = Body("Extend", (LEASE, EXTEND_SECONDS))
 BULK_DELETE = Body(

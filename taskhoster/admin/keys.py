@@ -15,6 +15,7 @@ from ..keys import SCOPES, create_key
 from ..models import ApiKey
 from ..store import QUEUE_NAME_PATTERN
 from ..timeutil import now as utcnow
+from .common import time_column
 
 
 class KeyForm(forms.ModelForm):
@@ -47,11 +48,13 @@ class KeyForm(forms.ModelForm):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("name", "prefix", "scopes", "queues", "created_at", "revoked_at")
+    list_display = ("name", "prefix", "scopes", "queues", "created", "revoked")
     list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
     search_fields = ("name", "prefix")
     actions = ["revoke_keys"]
-    readonly_fields = ("name", "prefix", "scopes", "queues", "created_at", "revoked_at")
+    readonly_fields = ("name", "prefix", "scopes", "queues", "created", "revoked")
+    created = time_column("created_at")  # to the second, as every Taskhoster admin time
+    revoked = time_column("revoked_at")
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kw: Any):  # type: ignore[no-untyped-def]
         if obj is None:

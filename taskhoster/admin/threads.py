@@ -14,7 +14,7 @@ from django.utils.safestring import SafeString
 from ..engine.rows import first_pending_member
 from ..engine.threads import thread_members
 from ..models import Thread
-from .common import CappedPaginator, item_link, items_url, paginator_for
+from .common import CappedPaginator, item_link, items_url, paginator_for, when
 
 MEMBERS_SHOWN = 500
 
@@ -69,7 +69,7 @@ class ThreadAdmin(admin.ModelAdmin):
             "",
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (
-                (n, item_link(m.id), m.status, m.scheduled_at.isoformat(), m.attempts)
+                (n, item_link(m.id), m.status, when(m.scheduled_at), m.attempts)
                 for n, m in enumerate(rows, 1)
             ),
         )

@@ -1,18 +1,30 @@
-"""One mapping from every error to ``{"error": {"code", "message"}}``."""
+"""One mapping from every error to ``{"error": {"code", "message"}}``.
+
+Messages are for the people who read them: they say what to send instead, in the API's own
+terms, never a framework's field names or phrasing (DRF's own words for a missing key, a wrong
+content type or method are replaced here); the codes stay the ones the schema lists.
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
+from django.core.exceptions import (
+    DisallowedHost,
+    PermissionDenied,
+    RequestDataTooBig,
+    SuspiciousOperation,
+)
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from ..errors import TaskhosterError
+from .parsers import BadJSON
 
 log = logging.getLogger(__name__)
 
@@ -23,11 +35,45 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 
 def _message(detail: Any) -> str:
     if isinstance(detail, dict):
-        parts = [f"{key}: {_message(value)}" for key, value in detail.items()]
+        # DRF files errors about the body as a whole under "non_field_errors": no field of ours.
+        parts = [
+            _message(value)
+            if key == api_settings.NON_FIELD_ERRORS_KEY
+            else f"{key}: {_message(value)}"
+            for key, value in detail.items()
+        ]
         return "; ".join(parts)
     if isinstance(detail, list):
         return "; ".join(_message(value) for value in detail)
     return str(detail)
+
+
+def _content_type(request: Any) -> str:
+    media = (getattr(request, "content_type", None) or "").split(";", 1)[0].strip()
+    return f"this request's Content-Type is {media}" if media else "this request has none"
+
+
+def _plain_message(exc: exceptions.APIException, context: dict[str, Any]) -> str | None:
+    """Our words for DRF's own exceptions, which speak of DRF (None: the detail is ours)."""
+    request = context.get("request")
+    if isinstance(exc, exceptions.UnsupportedMediaType):
+        return (
+            "send the body as JSON with the header Content-Type: application/json "
+            f"({_content_type(request)})"
+        )
+    if isinstance(exc, exceptions.NotAuthenticated):
+        return "this needs an API key: send the header Authorization: Token <key>"
+    if isinstance(exc, exceptions.MethodNotAllowed):
+        view = context.get("view")
+        allowed = [m for m in getattr(view, "allowed_methods", []) if m not in {"HEAD", "OPTIONS"}]
+        method = getattr(request, "method", "this method")
+        use = " or ".join(filter(None, [", ".join(allowed[:-1]), *allowed[-1:]]))
+        return f"{method} is not allowed here; use {use or 'another method'}"
+    if isinstance(exc, exceptions.ParseError) and not isinstance(exc, BadJSON):
+        return "the body is not valid JSON"
+    if type(exc) is exceptions.PermissionDenied and exc.detail == exc.default_detail:
+        return "this key may not do this"
+    return None
 
 
 def _code(exc: exceptions.APIException) -> str:
@@ -68,16 +114,21 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         response["WWW-Authenticate"] = "Token"
     elif isinstance(exc, exceptions.PermissionDenied):
         code = "forbidden"
-    response.data = error_body(code, _message(exc.detail))
+    if isinstance(exc, exceptions.ParseError):
+        code = "bad_json"
+    response.data = error_body(code, _plain_message(exc, context) or _message(exc.detail))
     return response
 
 
 def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
-    return JsonResponse(error_body("not_found", "no such endpoint"), status=404)
+    return JsonResponse(error_body("not_found", f"no endpoint at {request.path}"), status=404)
 
 
 def json_400(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
-    return JsonResponse(error_body("bad_request", "bad request"), status=400)
+    message = "bad request"
+    if isinstance(exception, DisallowedHost):
+        message = "the Host header names a host this server does not answer for"
+    return JsonResponse(error_body("bad_request", message), status=400)
 
 
 def json_403(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:

@@ -1,4 +1,9 @@
-"""A JSON parser that refuses oversized bodies (413) and anything but strict JSON (400)."""
+"""A JSON parser that refuses oversized bodies (413) and anything but strict JSON (400).
+
+Its messages say what is wrong with the body in the client's terms (where, and what to send
+instead), never Python's decoder internals; the code of a body that is no JSON is
+``bad_json``, as the schema and the socket say.
+"""
 
 from __future__ import annotations
 
@@ -19,15 +24,30 @@ class BodyTooLarge(exceptions.APIException):
     default_code = "too_large"
 
 
+class BadJSON(exceptions.ParseError):
+    default_detail = "the body is not valid JSON"
+    default_code = "bad_json"
+
+
+class _NotJSON(ValueError):
+    """A value Python's decoder would take but JSON has not (NaN, Infinity, 1e999)."""
+
+
 def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+    raise _NotJSON(f"{name} is not a JSON number")
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise ValueError(f"{text} is out of range")
+        raise _NotJSON(f"the number {text[:40]} is too large")
     return value
+
+
+def _where(text: str, position: int) -> str:
+    line = text.count("\n", 0, position) + 1
+    column = position - (text.rfind("\n", 0, position) + 1) + 1
+    return f"line {line}, column {column}"
 
 
 # A \uD800-\uDFFF escape: valid JSON syntax, but unpaired it is no Unicode text and cannot
@@ -52,11 +72,32 @@ class StrictJSONParser(BaseParser):
             raise BodyTooLarge(f"the request body is larger than {limit} bytes")
         try:
             text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadJSON(
+                f"the body is not UTF-8 text (byte {exc.start} is not UTF-8): send JSON "
+                "encoded as UTF-8"
+            ) from None
+        try:
             value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
-            if _SURROGATE_ESCAPE.search(text):
-                json.dumps(value, ensure_ascii=False).encode("utf-8")
-            return value
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise exceptions.ParseError(f"malformed JSON: {exc}") from None
+        except json.JSONDecodeError as exc:
+            what = exc.msg[:1].lower() + exc.msg[1:]
+            raise BadJSON(
+                f"the body is not valid JSON: {what} at {_where(text, exc.pos)}"
+            ) from None
+        except _NotJSON as exc:
+            raise BadJSON(f"the body is not valid JSON: {exc}") from None
         except RecursionError:
-            raise exceptions.ParseError("malformed JSON: nested too deeply") from None
+            raise BadJSON("the body is not valid JSON: it is nested too deeply") from None
+        except ValueError:
+            # Python's limit on the digits of an integer (4300): none of JSON's, but a number
+            # that long is no work item's.
+            raise BadJSON("the body holds a number with too many digits") from None
+        if _SURROGATE_ESCAPE.search(text):
+            try:
+                json.dumps(value, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadJSON(
+                    "the body holds a lone surrogate escape (\\ud800-\\udfff without its "
+                    "pair), which is no Unicode text"
+                ) from None
+        return value

@@ -94,7 +94,7 @@ class QueueView(ApiView):
         require(request, "manage", queue=queue)
         body = request.data
         if not isinstance(body, dict):
-            raise InvalidInput("expected a JSON object of settings", code="invalid_body")
+            raise InvalidInput("the body must be a JSON object of settings", code="invalid_body")
         q, created = engine.upsert_queue(name=queue, body=body)
         wire = _queue_wire(q, engine.counts_by_queue([q.id])[q.id])
         return Response(wire, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
@@ -195,7 +195,8 @@ class QueueItemsView(ApiView):
             for s in specs
         ]
         posted = engine.post_items(queue_name=queue, items=new)
-        wires = [engine.item_json(p.row, payload=p.payload, result=None) for p in posted]
+        # A repeated key answers its item as GET shows it, result included.
+        wires = [engine.item_json(p.row, payload=p.payload, result=p.result) for p in posted]
         if batch:
             return Response({"items": wires}, status=status.HTTP_201_CREATED)
         code = status.HTTP_201_CREATED if posted[0].created else status.HTTP_200_OK

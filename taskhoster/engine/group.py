@@ -751,9 +751,8 @@ class Group:
                 known = self.keys_seen.get((queue.id, key)) or existing.get(key)
                 if known is not None:
                     known.queue_name = queue.name
-                    answers.append(
-                        Posted(row=known, payload=self._payload_of(queue, known), created=False)
-                    )
+                    payload, result = self._payload_and_result(queue, known)
+                    answers.append(Posted(row=known, payload=payload, created=False, result=result))
                     continue
             row.queue_id = queue.id
             row.queue_name = queue.name
@@ -776,15 +775,15 @@ class Group:
         crash_point("post.after_files")
         return answers
 
-    def _payload_of(self, queue: QueueInfo, row: ItemRow) -> Any:
+    def _payload_and_result(self, queue: QueueInfo, row: ItemRow) -> tuple[Any, Any]:
+        """A repeated key's item as a read shows it: both live in its file, read once."""
         if row in self.created:
-            return None
+            return None, None
         try:
-            return self.store.read_any(queue.name, row.id, Status(row.status).state)[1].get(
-                "payload"
-            )
+            record = self.store.read_any(queue.name, row.id, Status(row.status).state)[1]
         except TaskhosterError:
-            return None
+            return None, None
+        return record.get("payload"), record.get("result")
 
     # -- threads --------------------------------------------------------------------------
 

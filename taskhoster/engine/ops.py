@@ -31,9 +31,13 @@ class NewItem:
 
 @dataclass(frozen=True)
 class Posted:
+    """A post's answer: the new item, or (``created`` false) the live item with its key,
+    with its result (the one a read shows) when it is finished."""
+
     row: ItemRow
     payload: Any
     created: bool
+    result: Any = None
 
 
 @dataclass(frozen=True)

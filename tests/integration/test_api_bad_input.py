@@ -360,7 +360,6 @@ UNKNOWN_FIELDS = [
     ("claim", {"count": 5}, "count"),
     ("claim", {"timeout": 1}, "timeout"),
     ("result", {"result": 1, "bogus": 1}, "bogus"),
-    ("result", {"result": 1, "lease": LEASE}, "lease"),
     ("fail", {"lease": LEASE, "retry": False, "bogus": 1}, "bogus"),
     ("fail", {"lease": LEASE, "retryable": False}, "retryable"),
     ("extend", {"lease": LEASE, "bogus": 1}, "bogus"),
