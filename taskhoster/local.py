@@ -106,7 +106,8 @@ class Posting:
 
     @property
     def item(self) -> Item:
-        """The item as the post answered it (REST's wire JSON; ``result`` is null)."""
+        """The item as the post answered it (REST's wire JSON: a key's finished item with its
+        ``result``)."""
         if self._item is None:
             if self.error is not None:
                 raise self.error
@@ -386,7 +387,7 @@ def _run(queue: str, new: list[engine.NewItem], postings: list[Posting], *, robu
         )
         return
     for posting, done in zip(postings, posted, strict=True):
-        posting._item = engine.item_json(done.row, payload=done.payload, result=None)
+        posting._item = engine.item_json(done.row, payload=done.payload, result=done.result)
         posting._created = done.created
 
 

@@ -444,6 +444,19 @@ def test_a_repeated_key_answers_the_first_item(q, state_root):
     assert len(files(state_root)) == 2
 
 
+@TX
+def test_a_repeated_key_of_a_finished_item_answers_its_result_as_a_read_does(q):
+    first = local.post("q", {"n": 1}, key="done-once")
+    [claimed] = engine.claim(queue_name="q")
+    assert claimed.row.id == first.id
+    engine.submit_result(item_id=first.id, result={"sent": True})
+    again = local.post("q", {"n": 2}, key="done-once")
+    assert not again.created
+    assert again.item["status"] == "finished"
+    assert again.item["result"] == {"sent": True}
+    assert again.item == local.get(first.id)
+
+
 # -- batches ---------------------------------------------------------------------------------
 
 
