@@ -188,6 +188,29 @@ def _stop(proc: subprocess.Popen[bytes]) -> int:
     return proc.returncode
 
 
+def start_server(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The page's daphne command on a free port, once ``healthz`` answers 200."""
+    port = free_port()
+    serve = doc_command(SERVE)
+    serve = [*serve[:-1], "-b", "127.0.0.1", "-p", str(port), serve[-1]]
+    with open(log, "wb") as out:
+        daphne = subprocess.Popen(serve, cwd=HOST, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        if daphne.poll() is not None:
+            raise RuntimeError(f"daphne exited: {log.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            _stop(daphne)
+            raise RuntimeError("the host project did not start")
+        try:
+            if httpx.get(f"{url}/tasks/healthz", timeout=5).status_code == 200:
+                return daphne, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def host(host_database: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     """The host project served by daphne as the page says, its sweep running beside it."""
@@ -203,8 +226,7 @@ def host(host_database: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "DJANGO_SUPERUSER_PASSWORD": "host-admin-password",
         "DJANGO_SUPERUSER_EMAIL": "admin@example.com",
     }
-    port = free_port()
-    host = Host(url=f"http://127.0.0.1:{port}", env=env, key="", sweep_log=tmp / "sweep.log")
+    host = Host(url="", env=env, key="", sweep_log=tmp / "sweep.log")
     migrated = host.manage(doc_command(MIGRATE))
     assert migrated.returncode == 0, migrated.stderr
     created = host.manage(doc_command(CREATEKEY))
@@ -215,32 +237,38 @@ def host(host_database: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     )
     assert admin.returncode == 0, admin.stderr
 
-    serve = doc_command(SERVE)
-    serve = [*serve[:-1], "-b", "127.0.0.1", "-p", str(port), serve[-1]]
-    with open(tmp / "daphne.log", "wb") as daphne_log, open(host.sweep_log, "wb") as sweep_log:
-        daphne = subprocess.Popen(
-            serve, cwd=HOST, env=env, stdout=daphne_log, stderr=subprocess.STDOUT
-        )
+    with open(host.sweep_log, "wb") as sweep_log:
         sweep = subprocess.Popen(
-            doc_command(SWEEP), cwd=HOST, env=env, stdout=sweep_log, stderr=subprocess.STDOUT
+            doc_command(SWEEP),
+            cwd=HOST,
+            env={**env, "PYTHONUNBUFFERED": "1"},  # its reports reach the log as they are made
+            stdout=sweep_log,
+            stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert daphne.poll() is None, (tmp / "daphne.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the host project did not start"
-            try:
-                if httpx.get(f"{host.url}/tasks/healthz", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        yield host
+        daphne, host.url = start_server(env, tmp / "daphne.log")
+        try:
+            yield host
+        finally:
+            daphne_stopped = _stop(daphne)
     finally:
-        daphne_stopped = _stop(daphne)
         sweep_stopped = _stop(sweep)
     assert sweep_stopped == 0, host.sweep_log.read_text()[-3000:]
     assert daphne_stopped == 0, (tmp / "daphne.log").read_text()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def drf_host(host: Host, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    """The same project (its database, state root and key), served with its own
+    ``REST_FRAMEWORK`` and ``SPECTACULAR_SETTINGS`` and a DRF view of its own."""
+    env = {**host.env, "DJANGO_SETTINGS_MODULE": "tests.hostproject.settings_drf"}
+    log = tmp_path_factory.mktemp("hostproject-drf") / "daphne.log"
+    daphne, url = start_server(env, log)
+    try:
+        yield Host(url=url, env=env, key=host.key, sweep_log=host.sweep_log)
+    finally:
+        stopped = _stop(daphne)
+    assert stopped == 0, log.read_text()[-3000:]
 
 
 def assert_envelope(response: httpx.Response, status: int, code: str | None = None) -> None:
@@ -378,7 +406,11 @@ def test_the_sweep_beside_the_host_project_requeues_a_lapsed_lease(host: Host) -
         while api.get(f"/items/{item_id}").json()["status"] != "pending":
             assert time.monotonic() < deadline, host.sweep_log.read_text()[-2000:]
             time.sleep(0.1)
-    assert "lapsed lease(s) re-queued" in host.sweep_log.read_text()
+    # The sweep says so (only a sweep re-queues a lapsed lease; the server runs none).
+    deadline = time.monotonic() + 5
+    while "lapsed lease(s) re-queued" not in host.sweep_log.read_text():
+        assert time.monotonic() < deadline, host.sweep_log.read_text()[-2000:]
+        time.sleep(0.1)
 
 
 def test_manage_check_passes_for_the_host_project(host: Host) -> None:
@@ -390,6 +422,47 @@ def test_manage_check_passes_for_the_host_project(host: Host) -> None:
 def test_the_host_projects_models_and_ours_need_no_new_migration(host: Host) -> None:
     result = host.manage([sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"])
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- a host with DRF defaults of its own -----------------------------------------------------
+
+
+def test_the_hosts_drf_defaults_rule_its_own_views_only(drf_host: Host) -> None:
+    # Their view: sessions and staff only, as their REST_FRAMEWORK says.
+    theirs = httpx.get(f"{drf_host.url}/shop/api/products", timeout=10)
+    assert theirs.status_code == 403
+    # Ours, again and again (their anonymous throttle allows one a day): our 401 envelope.
+    for _ in range(3):
+        response = httpx.get(f"{drf_host.url}/tasks/api/queues", timeout=10)
+        assert_envelope(response, 401, "unauthorized")
+
+
+def test_our_views_parse_render_and_fail_as_ever_beside_the_hosts_drf_defaults(
+    drf_host: Host,
+) -> None:
+    with drf_host.api() as api:
+        assert api.put("/queues/drf", json={}).status_code in (200, 201)
+        posted = api.post("/queues/drf/items", json={"payload": {"name": "Zoë"}})
+        assert posted.status_code == 201, posted.text  # JSON, not their forms only
+        read = api.get(f"/items/{posted.json()['id']}")
+        json_type = {"Content-Type": "application/json"}
+        assert_envelope(api.post("/queues/drf/items", content=b"{", headers=json_type), 400)
+        assert_envelope(api.get("/queues/no such"), 400)
+    # DRF's default JSON: compact and UTF-8, not their pretty ASCII.
+    assert read.headers["Content-Type"] == "application/json"
+    assert '"payload":{"name":"Zoë"}' in read.content.decode()
+    assert_envelope(httpx.post(f"{drf_host.url}/tasks/api/nothing", timeout=10), 404)
+
+
+def test_our_schema_ignores_the_hosts_spectacular_settings_and_drf_views(drf_host: Host) -> None:
+    response = httpx.get(f"{drf_host.url}/tasks/api/schema?format=json", timeout=30)
+    assert response.status_code == 200, response.text
+    schema = response.json()
+    assert schema["info"]["title"] == "Taskhoster API"
+    assert "Item" in schema["components"]["schemas"]
+    assert "PostItem" in schema["components"]["schemas"]  # COMPONENT_SPLIT_REQUEST, ours
+    assert "/shop/api/products" not in schema["paths"]
+    assert all(path.startswith("/tasks/") for path in schema["paths"])
 
 
 # -- the admin -------------------------------------------------------------------------------
