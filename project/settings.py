@@ -154,26 +154,9 @@ if os.environ.get("TASKHOSTER_MAX_WAIT_SECONDS"):
 # A batch of up to 1,000 items rides in one body; the per-item limit is checked separately.
 DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("TASKHOSTER_MAX_BODY_BYTES", 64 * 1024 * 1024))
 
-REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["taskhoster.api.auth.KeyAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["taskhoster.api.auth.HasKey"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["taskhoster.api.parsers.StrictJSONParser"],
-    "EXCEPTION_HANDLER": "taskhoster.api.errors.exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "UNAUTHENTICATED_USER": None,
-}
-
-SPECTACULAR_SETTINGS = {
-    "TITLE": "Taskhoster API",
-    "DESCRIPTION": "Producers post items and read results; workers claim items and hand back "
-    "results. Authenticate with `Authorization: Token <key>`.",
-    "VERSION": "1",
-    "SERVE_INCLUDE_SCHEMA": False,
-    "COMPONENT_SPLIT_REQUEST": True,
-    # The shared components (bodies from the contract), the error envelope and the links.
-    "POSTPROCESSING_HOOKS": ["taskhoster.api.schema.finish"],
-}
+# No REST_FRAMEWORK or SPECTACULAR_SETTINGS: Taskhoster's views carry their own DRF and
+# drf-spectacular configuration (taskhoster/api/base.py, taskhoster/api/schema_view.py), as
+# they must in any project that installs the app.
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

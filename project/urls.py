@@ -1,7 +1,13 @@
+"""Our server's URLs: the admin and Taskhoster at the root, and JSON for every error."""
+
 from django.contrib import admin
 from django.urls import include, path
 
 from . import views
+
+# The admin is Taskhoster's own here (the index page's override is templates/admin/index.html).
+admin.site.site_header = "Taskhoster"
+admin.site.site_title = "Taskhoster admin"
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -1,5 +1,12 @@
-"""Django's ASGI handler with a request's synchronous part run in one hop to a long-lived
-thread.
+"""Opt-in ASGI helpers for a server process: a faster HTTP handler, an early start, and a
+shortcut in twisted's request parsing.
+
+Nothing here is needed: a project may serve Taskhoster with Django's own
+``get_asgi_application()`` and the ``/work`` route of ``taskhoster.routing`` (see
+docs/embedding.md). Our own server (``project/asgi.py``) uses all three.
+
+``OneHopASGIHandler``: Django's ASGI handler with a request's synchronous part run in one hop
+to a long-lived thread.
 
 Django's own ASGI handler runs a sync project asynchronously: each sync middleware method,
 the view, the request signals and closing the response are separate ``sync_to_async`` calls,
@@ -15,6 +22,7 @@ gets a thread of its own, so nothing waits for a free one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -24,6 +32,43 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
 from django.http import HttpResponseBase
 from django.urls import set_script_prefix
+
+
+def start() -> None:
+    """Make the state root and start this process's committer now, rather than at the first
+    operation that needs them (a committer process takes a moment to start). Call it once
+    Django is set up, in the ASGI module.
+
+    Optional: without it the committer starts itself on first use, and the state root is made
+    with the first queue (until then ``/healthz`` reports it missing).
+    """
+    from .conf import get_conf
+    from .engine import committer
+
+    # A root that cannot be made is reported by /healthz, not raised here.
+    with contextlib.suppress(OSError):
+        get_conf().root.mkdir(parents=True, exist_ok=True)
+    committer.start()
+
+
+def _media_type(line: bytes) -> bytes:
+    """The media type of a Content-Type header, without its parameters."""
+    media = line.split(b";", 1)[0].strip().lower()
+    return media if b"/" in media else b"text/plain"
+
+
+def skip_twisted_form_parsing() -> None:
+    """Under daphne: make twisted read a request's Content-Type without the email package.
+
+    Twisted parses every POST's Content-Type with the email package to look for a form
+    submission, which daphne never reads (it hands the raw body to the application); that
+    parse cost more than a fifth of a small JSON post. The replacement gives the same answer
+    for any header a form submission could carry. It changes twisted for the whole process,
+    so it is the server's choice to call it; it does nothing for other servers.
+    """
+    from twisted.web import http as twisted_http
+
+    twisted_http._parseContentType = _media_type
 
 
 class OneHopASGIHandler(ASGIHandler):

@@ -1,4 +1,5 @@
-"""WebSocket routes: workers connect to ``/work``."""
+"""WebSocket routes: workers connect to ``work``, under whatever prefix the project's ASGI
+router mounts these at (``/work`` in our server, ``/tasks/work`` in docs/embedding.md)."""
 
 from __future__ import annotations
 

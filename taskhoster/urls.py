@@ -1,12 +1,18 @@
-"""The app's URLs: the REST API under ``api/``, plus health and metrics."""
+"""The app's URLs: the REST API under ``api/``, plus health and metrics.
+
+A project includes them under any prefix (``path("tasks/", include("taskhoster.urls"))``).
+Every path under ``api/`` answers in the API's JSON envelope, an unknown one too (a 404
+``not_found``), whatever the project's own ``handler404`` does with the rest of its paths.
+"""
 
 from __future__ import annotations
 
-from django.urls import path
-from drf_spectacular.views import SpectacularAPIView
-from rest_framework.permissions import AllowAny
+from django.urls import path, re_path
+from django.views.decorators.csrf import csrf_exempt
 
 from .api import threads, views
+from .api.errors import json_404
+from .api.schema_view import SchemaView
 from .asyncapi import asyncapi_view
 
 urlpatterns = [
@@ -23,11 +29,10 @@ urlpatterns = [
     path("api/items/<str:item_id>/result", views.ResultView.as_view()),
     path("api/items/<str:item_id>/fail", views.FailView.as_view()),
     path("api/items/<str:item_id>/extend", views.ExtendView.as_view()),
-    path(
-        "api/schema",
-        SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[AllowAny]),
-    ),
+    path("api/schema", SchemaView.as_view()),
     path("api/asyncapi", asyncapi_view),  # the /work socket, AsyncAPI 3
+    # Last: any other path under api/ (any method; a POST carries no CSRF token).
+    re_path(r"^api/", csrf_exempt(json_404)),
     path("healthz", views.HealthView.as_view()),
     path("metrics", views.MetricsView.as_view()),
 ]

@@ -4,7 +4,7 @@ Request bodies are ``contract``'s bodies and queue settings are ``engine.queues.
 turned into JSON Schema by ``schemas``; path and query parameters use the same patterns and
 the limits of ``conf``. Each view names its operation with ``documented(...)``: its scopes,
 the parameters it reads, its answers and the error codes each status can carry. The
-``finish`` hook (SPECTACULAR_SETTINGS POSTPROCESSING_HOOKS) adds the shared components, the
+``finish`` hook (``schema_view.SPECTACULAR``'s POSTPROCESSING_HOOKS) adds the shared components, the
 error envelope and the links from the operations that create queues and items to those that
 use them.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 
 from .. import contract, schemas
@@ -137,6 +138,18 @@ def merge_errors(*tables: dict[int, list[str]]) -> dict[int, list[str]]:
     return out
 
 
+def annotate(**kwargs: Any) -> Callable[[F], F]:
+    """``extend_schema`` over drf-spectacular's ``AutoSchema``, whatever the project's
+    ``DEFAULT_SCHEMA_CLASS`` (``extend_schema`` would build on that, and DRF's own cannot
+    make this document)."""
+
+    def decorate(method: F) -> F:
+        method.kwargs = {"schema": AutoSchema}  # type: ignore[attr-defined]
+        return extend_schema(**kwargs)(method)
+
+    return decorate
+
+
 def documented(
     operation_id: str,
     *,
@@ -169,7 +182,7 @@ def documented(
         description = f"Needs a key with the {' or '.join(f'`{s}`' for s in scopes)} scope."
     elif not public:
         description = "Needs a valid key (of any scope) that may use the queue."
-    return extend_schema(
+    return annotate(
         operation_id=operation_id,
         tags=[TAGS.get(operation_id, "service")],
         summary=summary,

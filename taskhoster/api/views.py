@@ -7,7 +7,7 @@ from typing import Any
 
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse
 from rest_framework import status
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -26,6 +26,7 @@ from .cursors import decode_cursor, encode_cursor
 from .schema import (
     ITEM_ERRORS,
     QUEUE_ERRORS,
+    annotate,
     cursor_param,
     documented,
     item_param,
@@ -403,7 +404,7 @@ class MetricsView(ApiView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
 
-    @extend_schema(
+    @annotate(
         operation_id="metrics",
         tags=["service"],
         summary="Prometheus metrics",

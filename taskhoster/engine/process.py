@@ -36,6 +36,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from django.conf import settings
@@ -122,6 +123,12 @@ class ChildCommitter:
             _write_all(proc.stdin.fileno(), data)
 
     def _start(self) -> None:
+        """Start the committer process from the thread that will read its answers.
+
+        That thread lives as long as the child does; the caller's may not (Django's own ASGI
+        handler runs each request in a thread of its own). Linux sends the child its
+        parent-death signal (``_die_with_parent``) when the *thread* that started it ends.
+        """
         env = dict(os.environ)
         env.update(
             {
@@ -130,15 +137,30 @@ class ChildCommitter:
                 "TASKHOSTER_NEWS_ORIGIN": bus.ORIGIN,
             }
         )
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "taskhoster.committer_process"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-        )
+        started: Future[subprocess.Popen[bytes]] = Future()
         threading.Thread(
-            target=self._read, args=(self.proc,), name="taskhoster-from-committer", daemon=True
+            target=self._spawn_and_read,
+            args=(env, started),
+            name="taskhoster-from-committer",
+            daemon=True,
         ).start()
+        self.proc = started.result()
+
+    def _spawn_and_read(
+        self, env: dict[str, str], started: Future[subprocess.Popen[bytes]]
+    ) -> None:
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "taskhoster.committer_process"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+            )
+        except BaseException as exc:
+            started.set_exception(exc)
+            return
+        started.set_result(proc)
+        self._read(proc)
 
     def _read(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None

@@ -28,7 +28,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         get_conf().root.mkdir(parents=True, exist_ok=True)  # /healthz reports it from the start
-        path = Path(options["file"] or Path(settings.VAR_DIR) / "credentials.json")
+        # VAR_DIR is our server's setting (project/settings.py); a host project has none.
+        var = Path(getattr(settings, "VAR_DIR", "var"))
+        path = Path(options["file"] or var / "credentials.json")
         user_model = get_user_model()
         if path.exists() and user_model.objects.filter(username="admin").exists():
             self.stdout.write(f"Credentials were created on first run; see {path}")

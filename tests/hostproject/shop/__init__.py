@@ -1,0 +1,1 @@
+"""The host project's own app: products, in its own admin."""
