@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from django.db import transaction
 from django.http import HttpRequest
 from drf_spectacular.openapi import AutoSchema
 from rest_framework.metadata import SimpleMetadata
@@ -84,6 +85,17 @@ class ApiView(APIView):
     # drf-spectacular's, not the project's DEFAULT_SCHEMA_CLASS (/api/schema reads it).
     schema = AutoSchema()
     _renderer = TaskhosterJSONRenderer()
+
+    @classmethod
+    def as_view(cls, **initkwargs: Any) -> Any:
+        """The view, kept out of a host's request-wide transaction (``ATOMIC_REQUESTS``).
+
+        The engine commits each change in a group of its own, its files flushed before it
+        answers. Inside a request's transaction a change would run there instead: its row
+        rolled back with the request but its file left behind, and (on SQLite) a long-poll
+        holding the write lock every other change waits for.
+        """
+        return transaction.non_atomic_requests(super().as_view(**initkwargs))
 
     def initialize_request(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Request:
         return TaskhosterRequest(

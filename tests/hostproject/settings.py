@@ -69,6 +69,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 30,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
+# The host wraps each of its requests in a transaction; Taskhoster's views stay out of it.
+DATABASES["default"]["ATOMIC_REQUESTS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Taskhoster's /work socket needs a channel layer: Redis when several server processes

@@ -17,6 +17,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -311,6 +312,33 @@ def test_a_post_and_a_read_with_a_key_under_the_prefix(host: Host) -> None:
     assert read.status_code == 200, read.text
     assert read.json()["payload"] == {"to": "ada"}
     assert read.json()["status"] == "pending"
+
+
+def test_a_hosts_request_transactions_do_not_hold_our_long_poll_against_a_post(
+    host: Host,
+) -> None:
+    """The host sets ATOMIC_REQUESTS: a claim waiting in a request-wide transaction would
+    hold the index (on SQLite, its write lock) until it answered, and the post it waits
+    for could only commit after it gave up."""
+    with host.api() as api:
+        api.put("/queues/atomic", json={})
+    claimed: list[httpx.Response] = []
+
+    def wait_for_one() -> None:
+        with host.api() as api:
+            claimed.append(api.post("/queues/atomic/claim", json={"max": 1, "wait": 4}))
+
+    waiter = threading.Thread(target=wait_for_one)
+    waiter.start()
+    time.sleep(0.5)  # the claim is waiting
+    with host.api() as api:
+        started = time.monotonic()
+        posted = api.post("/queues/atomic/items", json={"payload": "now"})
+        took = time.monotonic() - started
+    waiter.join(10)
+    assert posted.status_code == 201, posted.text
+    assert took < 2, f"the post waited {took:.1f} s for the long-poll's transaction"
+    assert [i["id"] for i in claimed[0].json()["items"]] == [posted.json()["id"]]
 
 
 def test_bad_input_answers_the_envelope_in_the_host_too(host: Host) -> None:
