@@ -5,6 +5,7 @@ application). The other check ids are in ``tests/unit/test_checks.py``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -12,7 +13,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import httpx
 import pytest
+
+from .wsclient import connect, make_queue, post, recv, recv_none, send, subscribe
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -140,3 +144,36 @@ def test_checking_the_work_route_imports_the_asgi_module_but_starts_no_committer
     assert seen["messages"] == []
     assert seen["after_check"] == []
     assert len(seen["after_start"]) == 1  # started when asked to: the check held it back
+
+
+def test_no_channel_layer_is_no_misconfiguration_a_socket_is_served_without_one(
+    server_factory, make_key, tmp_path
+):
+    """Why no check asks for CHANNEL_LAYERS: sockets hear of work through Taskhoster's bus."""
+    done = run(
+        tmp_path,
+        "manage.py",
+        "check",
+        DJANGO_SETTINGS_MODULE="tests.integration.no_channel_layer_settings",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "no issues" in done.stdout
+    server = server_factory(DJANGO_SETTINGS_MODULE="tests.integration.no_channel_layer_settings")
+    key = make_key()
+    with httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=10
+    ) as http:
+        make_queue(http, "q")
+
+        async def run_worker() -> None:
+            ws = await connect(server, key)
+            await subscribe(ws, ["q"], 1)
+            await recv_none(ws, 0.3)
+            item = post(http, "work")
+            frame = await recv(ws)
+            assert frame["id"] == item
+            await send(ws, {"type": "result", "id": item, "result": "done"})
+            assert (await recv(ws))["accepted"] is True
+            await ws.close()
+
+        asyncio.run(run_worker())
