@@ -6,6 +6,7 @@ fresh process (SQLite with several processes, the committer left alone) are in
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -14,11 +15,13 @@ from typing import Any
 import pytest
 from django.core.checks import CheckMessage, run_checks
 
+from taskhoster import checks
 from taskhoster.checks import TAG
 from taskhoster.conf import SETTINGS
 from taskhoster.contract import ENVELOPE_BYTES
 
 SYSFS = Path("/sys")  # Linux: no process, root included, can create an entry here
+REPO = Path(__file__).resolve().parents[2]
 
 
 def found(*, deploy: bool = False) -> dict[str, list[CheckMessage]]:
@@ -289,3 +292,25 @@ def test_asgi_router_the_check_cannot_look_into_is_W007(settings):
     settings.ASGI_APPLICATION = "tests.unit.asgi_apps.opaque"
     (message,) = found()["W007"]
     assert "hand_written_router" in message.msg
+
+
+# -- the documentation -----------------------------------------------------------------------
+
+
+def test_docs_list_every_setting_with_its_default():
+    text = (REPO / "docs" / "configuration.md").read_text()
+    rows = re.findall(r"^\| `([A-Z_]+)` \| `([^`]*)` \|", text, re.M)
+    assert dict(rows) == {s.name: repr(s.default) for s in SETTINGS}
+
+
+def test_every_check_id_is_documented_and_has_a_test_named_after_it():
+    raised = set(re.findall(r'"([EW]\d{3})"', Path(checks.__file__).read_text()))
+    text = (REPO / "docs" / "configuration.md").read_text()
+    documented = set(re.findall(r"^\| `taskhoster\.([EW]\d{3})` \|", text, re.M))
+    assert raised == documented
+    tests = "".join(
+        (REPO / "tests" / path).read_text()
+        for path in ("unit/test_checks.py", "integration/test_checks_command.py")
+    )
+    named = {i for name in re.findall(r"^def (test_\w+)", tests, re.M) for i in raised if i in name}
+    assert named == raised
