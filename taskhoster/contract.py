@@ -163,10 +163,7 @@ def _check(spec: Field, value: Any, name: str) -> Any:
         if spec.printable and not is_printable(value):
             raise InvalidInput(f"{name} must be printable characters", code=spec.code)
         if spec.pattern == "id" and ID_PATTERN.fullmatch(value) is None:
-            raise InvalidInput(
-                f"{name} must be an item id: 1-{ID_MAX_CHARS} letters, digits, '_' or '-'",
-                code=spec.code,
-            )
+            raise InvalidInput(f"{name} may hold only letters, digits, '_' and '-'", code=spec.code)
         if spec.pattern == "queue" and QUEUE_NAME_PATTERN.fullmatch(value) is None:
             raise InvalidInput(f"{name} must be a queue name", code=spec.code)
         return value

@@ -59,4 +59,4 @@ def thread_id(text: str | None) -> str | None:
 
 def item_id(text: str) -> str:
     """An item id in a path (``contract.ITEM_ID``, as the socket's frames check it)."""
-    return str(contract.check(contract.ITEM_ID, text, "the item id"))
+    return str(contract.check(contract.ITEM_ID, text, "the path's item id"))
