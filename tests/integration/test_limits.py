@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import httpx
 import pytest
@@ -55,6 +56,12 @@ def http(server, key):
 
 def code_of(response: httpx.Response) -> tuple[int, str]:
     return response.status_code, response.json()["error"]["code"]
+
+
+def claim_attempts(http: httpx.Client, queue: str) -> float:
+    text = http.get("/metrics").text
+    found = re.search(rf'^taskhoster_claim_attempts_total{{queue="{queue}"}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
 
 
 def string_of_json_bytes(size: int) -> str:
@@ -108,11 +115,16 @@ def test_every_socket_limit_comes_from_the_servers_settings(server, http, key):
         assert (await recv(ws))["code"] == "invalid_queues"
         await subscribe(ws, ["a", "b"], 3)
         await recv_none(ws, 0.3)  # taken: no error
-        # Three items for three free slots, though one claim takes at most MAX_CLAIM (2): the
-        # dispatcher claims again for the slot left over.
-        posted = {post(http, n, queue="a") for n in range(3)}
+        # Three items for three free slots: one claim takes at most MAX_CLAIM (2), so the
+        # dispatcher makes two (it made one of 3 when the cap was a constant 100).
+        await asyncio.sleep(1.0)  # counters are written when the committer idles (0.5 s)
+        before = claim_attempts(http, "a")
+        batch = [{"payload": n} for n in range(3)]
+        answer = http.post("/api/queues/a/items", json={"items": batch}).json()
         pushed = [await recv(ws) for _ in range(3)]
-        assert {f["id"] for f in pushed} == posted
+        assert {f["id"] for f in pushed} == {i["id"] for i in answer["items"]}
+        await asyncio.sleep(1.0)
+        assert claim_attempts(http, "a") - before == 2
         result = {"type": "result", "id": pushed[0]["id"], "result": "x" * 1999}
         await send(ws, result)
         assert (await recv(ws))["code"] == "too_large"
