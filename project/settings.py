@@ -146,6 +146,8 @@ TASKHOSTER = {
     "MAX_PAYLOAD_BYTES": int(os.environ.get("TASKHOSTER_MAX_PAYLOAD_BYTES", 1024 * 1024)),
     "REDIS_URL": os.environ.get("REDIS_URL", ""),
     "SOCKET_BACKSTOP_SECONDS": float(os.environ.get("TASKHOSTER_SOCKET_BACKSTOP_SECONDS", 5)),
+    # Declared by scripts/serve-many; the system checks refuse SQLite for several processes.
+    "PROCESSES": int(os.environ.get("TASKHOSTER_PROCESSES") or 1),
 }
 
 if os.environ.get("TASKHOSTER_MAX_WAIT_SECONDS"):

@@ -260,7 +260,7 @@ channel's `x-close-codes`):
 {table}
 
 **Limits now.** capacity at most {conf.max_capacity}; a payload or result at most
-{conf.max_payload_bytes} bytes of JSON; a frame at most that plus 64 KiB.
+{conf.max_payload_bytes} bytes of JSON; a frame at most {contract.max_frame_bytes()} bytes.
 """
 
 

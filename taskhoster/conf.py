@@ -1,7 +1,12 @@
 """Taskhoster's settings, read lazily from ``settings.TASKHOSTER`` so ``override_settings`` works.
 
+Every setting, its default, its type and its bounds are declared once, in ``SETTINGS``:
+``get_conf`` reads them, the system checks (``taskhoster.checks``) hold a project's values
+against them, and ``docs/configuration.md`` lists them. Every limit a request can meet is
+either one of these or fixed by the wire format (``taskhoster.contract``).
+
 ``project/settings.py`` fills ``TASKHOSTER`` from the environment (``TASKHOSTER_ROOT``,
-``TASKHOSTER_FSYNC``); nothing here is read at import time.
+``TASKHOSTER_FSYNC``, ...); nothing here is read at import time.
 """
 
 from __future__ import annotations
@@ -13,28 +18,213 @@ from typing import Any
 from django.conf import settings
 from django.core.signals import setting_changed
 
-DEFAULTS: dict[str, Any] = {
-    "ROOT": "var/state",
-    "FSYNC": True,
-    # How a group's files are made durable: "syncfs" (one call for the whole filesystem,
-    # Linux) or "fsync" (each written file and each touched directory).
-    "FLUSH": "syncfs",
-    # Where group commits run: "thread" (a thread of this process) or "process" (a process
-    # of its own beside this one, so that it does not share the GIL: a server's choice).
-    "COMMITTER": "thread",
-    "MAX_PAYLOAD_BYTES": 1024 * 1024,
-    "MAX_BATCH": 1000,
-    "MAX_WAIT_SECONDS": 60,
-    "MAX_CLAIM": 100,
-    "SWEEP_CHUNK": 500,
-    "REPAIR_GRACE_SECONDS": 60,
-    "LONG_POLL_INTERVAL": 0.1,
-    "PAGE_SIZE": 100,
-    "MAX_PAGE_SIZE": 1000,
-    "REDIS_URL": "",
-    "SOCKET_BACKSTOP_SECONDS": 5.0,
-    "MAX_CAPACITY": 1000,
-}
+# The request body limit when DATA_UPLOAD_MAX_MEMORY_SIZE is None (Django's "no limit"): a
+# body is read into memory whole, so there is always one.
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One key of ``TASKHOSTER``.
+
+    ``kind``: bool, int, float (an int will do), path, choice or url. ``minimum`` (with
+    ``above``: the value must be greater) bounds a number. ``contract``: the default is the
+    figure SPEC gives clients (a batch of 1000, a claim of 100, a wait of 60 s); a lower value
+    refuses requests that clients written to the contract, ``taskhoster.client`` among them,
+    may send.
+    """
+
+    name: str
+    default: Any
+    kind: str
+    doc: str
+    minimum: float | None = None
+    above: bool = False
+    choices: tuple[str, ...] = ()
+    contract: bool = False
+
+    def problem(self, value: Any) -> tuple[str, str] | None:
+        """``(what, why)`` for a value of this setting, or None if it is fine: ``what`` is
+        ``"type"`` for a value of the wrong type, ``"value"`` for one out of range."""
+        kind = self.kind
+        if kind == "bool" and not isinstance(value, bool):
+            return "type", "must be True or False"
+        if kind in ("int", "float"):
+            number = (int, float) if kind == "float" else (int,)
+            if isinstance(value, bool) or not isinstance(value, number):
+                return "type", "must be an integer" if kind == "int" else "must be a number"
+            if value != value or value in (float("inf"), float("-inf")):
+                return "value", "must be finite"
+            if self.minimum is not None and (
+                value <= self.minimum if self.above else value < self.minimum
+            ):
+                bound = "greater than" if self.above else "at least"
+                return "value", f"must be {bound} {self.minimum:g}"
+        if kind == "path":
+            if not isinstance(value, str | Path):
+                return "type", "must be a path (a string or a pathlib.Path)"
+            if not str(value):
+                return "value", "must not be empty"
+        if kind == "choice":
+            if not isinstance(value, str):
+                return "type", f"must be a string, one of {', '.join(self.choices)}"
+            if value not in self.choices:
+                return "value", f"must be one of {', '.join(self.choices)}"
+        if kind == "url" and not isinstance(value, str):
+            return "type", "must be a string (empty for none)"
+        return None
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "ROOT",
+        "var/state",
+        "path",
+        "The state directories: one folder per queue, an item's file in the folder of its "
+        "state. Give an absolute path: a relative one is resolved against each process's "
+        "working directory.",
+    ),
+    Setting(
+        "FSYNC",
+        True,
+        "bool",
+        "Make each acknowledged change durable before answering. False is faster, but a "
+        "power cut may lose acknowledged items.",
+    ),
+    Setting(
+        "FLUSH",
+        "syncfs",
+        "choice",
+        "How a group's files are made durable: syncfs (one call for the whole filesystem; "
+        "Linux, else fsync is used) or fsync (each written file and each touched directory).",
+        choices=("syncfs", "fsync"),
+    ),
+    Setting(
+        "COMMITTER",
+        "thread",
+        "choice",
+        "Where group commits run: thread (a thread of this process) or process (a process of "
+        "its own beside it, off its GIL: a server's choice).",
+        choices=("thread", "process"),
+    ),
+    Setting(
+        "MAX_PAYLOAD_BYTES",
+        1024 * 1024,
+        "int",
+        "The largest payload or result, as compact JSON (413 above it).",
+        minimum=1,
+    ),
+    Setting(
+        "MAX_BATCH",
+        1000,
+        "int",
+        "The most items one post may carry (413 above it).",
+        minimum=1,
+        contract=True,
+    ),
+    Setting(
+        "MAX_WAIT_SECONDS",
+        60,
+        "float",
+        "The longest long-poll: GET /api/items/{id}?wait= and a claim's wait.",
+        minimum=0,
+        contract=True,
+    ),
+    Setting(
+        "MAX_CLAIM",
+        100,
+        "int",
+        "The most items one claim takes: a REST claim's max, and each claim the socket "
+        "dispatcher makes for its sockets' free slots on a queue (it claims again for the "
+        "rest).",
+        minimum=1,
+        contract=True,
+    ),
+    Setting(
+        "MAX_CAPACITY",
+        1000,
+        "int",
+        "The largest capacity a /work socket may subscribe with.",
+        minimum=1,
+    ),
+    Setting(
+        "MAX_SUBSCRIBE_QUEUES",
+        100,
+        "int",
+        "The most queues one /work subscription may name.",
+        minimum=1,
+    ),
+    Setting(
+        "MAX_DELETE_IDS",
+        10_000,
+        "int",
+        "The most ids one POST /api/queues/{queue}/items/delete may name.",
+        minimum=1,
+    ),
+    Setting(
+        "PAGE_SIZE",
+        100,
+        "int",
+        "Items or threads per page when a listing gives no limit.",
+        minimum=1,
+    ),
+    Setting(
+        "MAX_PAGE_SIZE",
+        1000,
+        "int",
+        "The largest limit a listing may ask for (at least PAGE_SIZE).",
+        minimum=1,
+    ),
+    Setting(
+        "SWEEP_CHUNK",
+        500,
+        "int",
+        "Items the sweep handles per transaction.",
+        minimum=1,
+    ),
+    Setting(
+        "REPAIR_GRACE_SECONDS",
+        60,
+        "float",
+        "sweep --repair leaves files younger than this to a server that may be writing them.",
+        minimum=0,
+    ),
+    Setting(
+        "LONG_POLL_INTERVAL",
+        0.1,
+        "float",
+        "How often a long-poll looks again when no news woke it.",
+        minimum=0,
+        above=True,
+    ),
+    Setting(
+        "SOCKET_BACKSTOP_SECONDS",
+        5.0,
+        "float",
+        "How often a server re-checks for work its idle sockets could take, in case news was lost.",
+        minimum=0,
+        above=True,
+    ),
+    Setting(
+        "REDIS_URL",
+        "",
+        "url",
+        "Redis for news between server processes on any host (redis://, rediss:// or "
+        "unix://). Empty: a doorbell under the state root, which reaches the processes of "
+        "this host only.",
+    ),
+    Setting(
+        "PROCESSES",
+        1,
+        "int",
+        "How many server processes serve this database and state root (declared; "
+        "scripts/serve-many sets it from TASKHOSTER_PROCESSES). Read by the system checks: "
+        "several need PostgreSQL, and Redis across hosts.",
+        minimum=1,
+    ),
+)
+BY_NAME = {s.name: s for s in SETTINGS}
+DEFAULTS: dict[str, Any] = {s.name: s.default for s in SETTINGS}
 
 
 @dataclass(frozen=True)
@@ -47,22 +237,28 @@ class Conf:
     max_batch: int
     max_wait_seconds: float
     max_claim: int
+    max_capacity: int
+    max_subscribe_queues: int
+    max_delete_ids: int
+    page_size: int
+    max_page_size: int
     sweep_chunk: int
     repair_grace_seconds: float
     long_poll_interval: float
-    page_size: int
-    max_page_size: int
-    redis_url: str
     socket_backstop_seconds: float
-    max_capacity: int
+    redis_url: str
+    processes: int
+    # Django's DATA_UPLOAD_MAX_MEMORY_SIZE: the largest REST request body (a batch rides in
+    # one); DEFAULT_MAX_BODY_BYTES when it is None or 0.
+    max_body_bytes: int
 
 
 _cached: Conf | None = None
 
 
 def get_conf() -> Conf:
-    """The settings, read once and again whenever ``TASKHOSTER`` changes (``override_settings``
-    sends ``setting_changed``)."""
+    """The settings, read once and again whenever ``TASKHOSTER`` (or the body limit) changes
+    (``override_settings`` sends ``setting_changed``)."""
     global _cached
     if _cached is None:
         _cached = _read()
@@ -71,16 +267,21 @@ def get_conf() -> Conf:
 
 def _forget(*, setting: str, **_kwargs: Any) -> None:
     global _cached
-    if setting == "TASKHOSTER":
+    if setting in ("TASKHOSTER", "DATA_UPLOAD_MAX_MEMORY_SIZE"):
         _cached = None
 
 
 setting_changed.connect(_forget)
 
 
+def user_settings() -> Any:
+    """``settings.TASKHOSTER`` as the project gives it (the checks look at it as it is)."""
+    return getattr(settings, "TASKHOSTER", None)
+
+
 def _read() -> Conf:
-    user: dict[str, Any] = getattr(settings, "TASKHOSTER", {}) or {}
-    merged = {**DEFAULTS, **user}
+    user = user_settings()
+    merged = {**DEFAULTS, **(user if isinstance(user, dict) else {})}
     return Conf(
         root=Path(merged["ROOT"]),
         fsync=bool(merged["FSYNC"]),
@@ -90,12 +291,17 @@ def _read() -> Conf:
         max_batch=int(merged["MAX_BATCH"]),
         max_wait_seconds=float(merged["MAX_WAIT_SECONDS"]),
         max_claim=int(merged["MAX_CLAIM"]),
+        max_capacity=int(merged["MAX_CAPACITY"]),
+        max_subscribe_queues=int(merged["MAX_SUBSCRIBE_QUEUES"]),
+        max_delete_ids=int(merged["MAX_DELETE_IDS"]),
+        page_size=int(merged["PAGE_SIZE"]),
+        max_page_size=int(merged["MAX_PAGE_SIZE"]),
         sweep_chunk=int(merged["SWEEP_CHUNK"]),
         repair_grace_seconds=float(merged["REPAIR_GRACE_SECONDS"]),
         long_poll_interval=float(merged["LONG_POLL_INTERVAL"]),
-        page_size=int(merged["PAGE_SIZE"]),
-        max_page_size=int(merged["MAX_PAGE_SIZE"]),
-        redis_url=str(merged["REDIS_URL"] or ""),
         socket_backstop_seconds=float(merged["SOCKET_BACKSTOP_SECONDS"]),
-        max_capacity=int(merged["MAX_CAPACITY"]),
+        redis_url=str(merged["REDIS_URL"] or ""),
+        processes=int(merged["PROCESSES"]),
+        max_body_bytes=int(getattr(settings, "DATA_UPLOAD_MAX_MEMORY_SIZE", None) or 0)
+        or DEFAULT_MAX_BODY_BYTES,
     )

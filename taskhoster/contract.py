@@ -3,9 +3,14 @@
 Each body is a ``Body`` of ``Field``s with their types, bounds and limits. The same
 declaration validates a request (``validate``: plain Python, no framework, fast enough to
 run on every post) and describes it in ``/api/schema`` and in the socket's AsyncAPI document
-(``schemas`` turns it into JSON Schema). Limits that are settings (the largest batch, claim,
-wait, capacity and payload) are read from ``conf`` when they are used, never
-at import time.
+(``schemas`` turns it into JSON Schema). The REST API and the socket validate the same
+operation with the same declaration: a socket frame is its REST body plus ``type`` and
+``id`` (``frame``), so a bound or an error code is written once for both.
+
+Two kinds of limits. Those that are settings (the largest payload, batch, claim, wait,
+capacity, subscription and bulk delete) are read from ``conf`` when they are used, never at
+import time (``limit``). Those fixed by the wire format or the index's columns are the
+constants below; a project cannot change them.
 
 A refused value raises ``InvalidInput`` (400) naming the field, or ``TooLarge`` (413) for a
 payload, result or batch over its limit; unknown fields are refused, never ignored.
@@ -28,6 +33,19 @@ from .store import QUEUE_NAME_PATTERN
 from .timeutil import parse_wire
 
 DAY = 86400.0
+
+# -- fixed by the wire format ------------------------------------------------------------------
+ID_MAX_CHARS = 64  # an item id, as ``patterns.ID`` (the index's primary key column)
+LEASE_MAX_CHARS = 64  # a lease token (the index's lease column)
+THREAD_ID_MAX_CHARS = 200  # SPEC section 1 (the index's thread column)
+KEY_MAX_CHARS = 200  # an idempotency key (the index's key column)
+ERROR_MAX_CHARS = 10_000  # a fail's error text (taskhoster.client cuts its texts to this)
+MAX_LEASE_SECONDS = 7 * DAY  # a queue's leaseSeconds, hence an extend's seconds
+MAX_DELAY_SECONDS = 366 * DAY  # a queue's queueSeconds, hence a post's delaySeconds
+# What a socket frame or a REST body of one item may hold besides its payload or result (the
+# id, lease, threadId, key, error text, and JSON's escapes of them).
+ENVELOPE_BYTES = 64 * 1024
+
 Bound = float | int | Callable[[Conf], float] | None
 
 
@@ -147,7 +165,7 @@ def _check(spec: Field, value: Any, name: str) -> Any:
         if spec.printable and not is_printable(value):
             raise InvalidInput(f"{name} must be printable characters", code=spec.code)
         if spec.pattern == "id" and ID_PATTERN.fullmatch(value) is None:
-            raise InvalidInput(f"{name} must be an item id", code=spec.code)
+            raise InvalidInput(f"{name} may hold only letters, digits, '_' and '-'", code=spec.code)
         if spec.pattern == "queue" and QUEUE_NAME_PATTERN.fullmatch(value) is None:
             raise InvalidInput(f"{name} must be a queue name", code=spec.code)
         return value
@@ -212,6 +230,11 @@ def check(spec: Field, value: Any, name: str) -> Any:
     return _check(spec, value, name)
 
 
+def max_frame_bytes() -> int:
+    """The largest ``/work`` frame: one payload or result at its limit, and its envelope."""
+    return get_conf().max_payload_bytes + ENVELOPE_BYTES
+
+
 def check_size(value: Any, name: str) -> None:
     """A payload or result: at most ``MAX_PAYLOAD_BYTES`` of JSON, else 413."""
     most = get_conf().max_payload_bytes
@@ -227,7 +250,8 @@ LEASE = Field(
     "string",
     required=True,
     min_length=1,
-    max_length=64,
+    max_length=LEASE_MAX_CHARS,
+    code="invalid_lease",
     description="The lease token of the claim (from the item as claimed).",
 )
 ITEM_ID = Field(
@@ -235,7 +259,7 @@ ITEM_ID = Field(
     "string",
     required=True,
     min_length=1,
-    max_length=64,
+    max_length=ID_MAX_CHARS,
     pattern="id",
     code="invalid_id",
     description="An item id.",
@@ -253,7 +277,7 @@ ERROR_TEXT = Field(
     "string",
     nullable=True,
     min_length=0,
-    max_length=10_000,
+    max_length=ERROR_MAX_CHARS,
     code="invalid_error",
     description="Why the work failed.",
 )
@@ -270,7 +294,7 @@ EXTEND_SECONDS = Field(
     nullable=True,
     minimum=0,
     exclusive_minimum=True,
-    maximum=7 * DAY,
+    maximum=MAX_LEASE_SECONDS,
     code="invalid_seconds",
     description="Extend by this much (at most the queue's leaseSeconds).",
 )
@@ -279,10 +303,12 @@ THREAD_ID = Field(
     "threadId",
     "string",
     min_length=1,
-    max_length=200,
+    max_length=THREAD_ID_MAX_CHARS,
     printable=True,
     code="invalid_thread_id",
-    description="Members of one thread run one at a time: 1-200 printable characters.",
+    description=(
+        f"Members of one thread run one at a time: 1-{THREAD_ID_MAX_CHARS} printable characters."
+    ),
 )
 POST_ITEM = Body(
     "PostItem",
@@ -307,7 +333,7 @@ POST_ITEM = Body(
             "number",
             nullable=True,
             minimum=0,
-            maximum=366 * DAY,
+            maximum=MAX_DELAY_SECONDS,
             description="Not claimable for this many seconds.",
         ),
         Field(
@@ -315,7 +341,7 @@ POST_ITEM = Body(
             "string",
             nullable=True,
             min_length=1,
-            max_length=200,
+            max_length=KEY_MAX_CHARS,
             description="Idempotency key: a post repeating a live key gets that item.",
         ),
     ),
@@ -379,10 +405,8 @@ BULK_DELETE = Body(
         Field(
             "ids",
             "list",
-            max_length=10_000,
-            item=Field(
-                "id", "string", min_length=1, max_length=64, pattern="id", code="invalid_id"
-            ),
+            max_length=limit("max_delete_ids"),
+            item=ITEM_ID,
             description="Delete these items.",
         ),
         Field(
@@ -406,7 +430,7 @@ SUBSCRIBE_FRAME = Body(
             "list",
             required=True,
             min_length=1,
-            max_length=100,
+            max_length=limit("max_subscribe_queues"),
             item=Field("queue", "string", pattern="queue", code="invalid_queues"),
             code="invalid_queues",
             description="The queues to take items from.",
@@ -428,15 +452,24 @@ SUBSCRIBE_FRAME = Body(
 FRAME_LEASE = replace(
     LEASE,
     required=False,
-    code="invalid_lease",
     description=(
         "The lease of the item frame this answers. Optional; when given, a fail or extend "
         "for another lease than the one the socket holds is acked accepted: false."
     ),
 )
-RESULT_FRAME = Body("ResultFrame", (FRAME_TYPE, ITEM_ID, RESULT_VALUE, FRAME_LEASE))
-FAIL_FRAME = Body("FailFrame", (FRAME_TYPE, ITEM_ID, ERROR_TEXT, RETRY, FRAME_LEASE))
-EXTEND_FRAME = Body("ExtendFrame", (FRAME_TYPE, ITEM_ID, EXTEND_SECONDS, FRAME_LEASE))
+
+
+def frame(body: Body) -> Body:
+    """The socket frame of a REST body: ``type``, the item's ``id``, and the body's own
+    fields, the same declarations (so the same bounds and error codes), with the lease
+    optional (``FRAME_LEASE``)."""
+    own = tuple(f for f in body.fields if f.name != "lease")
+    return Body(f"{body.name}Frame", (FRAME_TYPE, ITEM_ID, *own, FRAME_LEASE))
+
+
+RESULT_FRAME = frame(RESULT)
+FAIL_FRAME = frame(FAIL)
+EXTEND_FRAME = frame(EXTEND)
 FRAMES = {
     "subscribe": SUBSCRIBE_FRAME,
     "result": RESULT_FRAME,

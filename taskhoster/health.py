@@ -70,8 +70,13 @@ def bus() -> dict[str, Any]:
 
 
 def channel_layer() -> dict[str, Any]:
-    """The channel layer that carries cancels to sockets: in-process, or shared."""
-    backend = str(settings.CHANNEL_LAYERS.get("default", {}).get("BACKEND", ""))
+    """The project's channel layer, for the operator's information: in-process, shared, or
+    none. Taskhoster's own sockets use none (their news comes by ``taskhoster.bus``), so a
+    project need not configure one."""
+    layers = getattr(settings, "CHANNEL_LAYERS", None) or {}
+    backend = str(layers.get("default", {}).get("BACKEND", ""))
+    if not backend:
+        return {"backend": "", "scope": "none"}
     shared = "InMemory" not in backend
     return {"backend": backend, "scope": "all processes" if shared else "this process"}
 

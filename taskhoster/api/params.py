@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from .. import contract
 from ..conf import get_conf
 from ..errors import InvalidInput
-from ..ids import is_valid_id
 
 INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
 NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
@@ -59,9 +58,5 @@ def thread_id(text: str | None) -> str | None:
 
 
 def item_id(text: str) -> str:
-    """An item id in a path."""
-    if not is_valid_id(text):
-        raise InvalidInput(
-            "an item id is 1-64 characters of letters, digits, '_' and '-'", code="invalid_id"
-        )
-    return text
+    """An item id in a path (``contract.ITEM_ID``, as the socket's frames check it)."""
+    return str(contract.check(contract.ITEM_ID, text, "the path's item id"))

@@ -13,9 +13,10 @@ import re
 from collections.abc import Mapping
 from typing import IO, Any
 
-from django.conf import settings
 from rest_framework import exceptions, status
 from rest_framework.parsers import BaseParser
+
+from ..conf import get_conf
 
 
 class BodyTooLarge(exceptions.APIException):
@@ -64,7 +65,7 @@ class StrictJSONParser(BaseParser):
         media_type: str | None = None,
         parser_context: Mapping[str, Any] | None = None,
     ) -> Any:
-        limit = int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0) or 64 * 1024 * 1024
+        limit = get_conf().max_body_bytes
         if stream is None:
             return None
         data = stream.read(limit + 1)

@@ -348,7 +348,9 @@ class FailView(ApiView):
         parameters=[item_param()],
         request="Fail",
         responses={200: "Verdict"},
-        errors=merge_errors(ITEM_ERRORS, {400: ["invalid_error", "invalid_retry"]}),
+        errors=merge_errors(
+            ITEM_ERRORS, {400: ["invalid_lease", "invalid_error", "invalid_retry"]}
+        ),
         body=True,
     )
     def post(self, request: Request, item_id: str) -> Response:
@@ -369,7 +371,7 @@ class ExtendView(ApiView):
         parameters=[item_param()],
         request="Extend",
         responses={200: "Extended"},
-        errors=merge_errors(ITEM_ERRORS, {400: ["invalid_seconds"]}),
+        errors=merge_errors(ITEM_ERRORS, {400: ["invalid_lease", "invalid_seconds"]}),
         body=True,
     )
     def post(self, request: Request, item_id: str) -> Response:

@@ -30,6 +30,11 @@ URL_ENV = "TASKHOSTER_URL"
 KEY_ENV = "TASKHOSTER_KEY"
 #: Written by ``scripts/serve`` on its first run; read when no key is given or set.
 CREDENTIALS_FILE = Path("var") / "credentials.json"
+# The contract's figures (SPEC section 5: a batch of at most 1000 items, a long-poll of at most
+# 60 s), which are also the server's defaults (MAX_BATCH, MAX_WAIT_SECONDS in
+# ``taskhoster.conf``). The client runs without Django and cannot read a server's settings, so
+# it keeps to these; a server set below them refuses such requests (400 invalid_wait, 413
+# batch_too_large), and its system checks warn of that (taskhoster.W004).
 MAX_WAIT_SECONDS = 60.0
 MAX_BATCH = 1000
 USER_AGENT = "taskhoster-client"

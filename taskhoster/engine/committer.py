@@ -31,7 +31,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -250,9 +250,32 @@ def committer() -> Any:
         return _committer
 
 
+_held = 0  # ``hold_start`` blocks in force
+
+
+@contextlib.contextmanager
+def hold_start() -> Iterator[None]:
+    """Within, ``start`` does nothing: the committer starts at its first operation instead.
+
+    The system checks import the project's ASGI module to look for the ``/work`` route; a
+    module that calls ``start`` at import must not start a committer process for that.
+    """
+    global _held
+    with _lock:
+        _held += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _held -= 1
+
+
 def start() -> None:
     """Start this process's committer now rather than at the first operation (a server
     calls this at start-up, so that no request waits for a committer process to start)."""
+    with _lock:
+        if _held:
+            return
     found = committer()
     with found.cond:
         if getattr(found, "proc", True) is None:

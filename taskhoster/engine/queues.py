@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from ..contract import MAX_DELAY_SECONDS, MAX_LEASE_SECONDS
 from ..errors import InvalidInput
 from ..models import Queue
 from ..status import RetainFrom
@@ -33,8 +34,9 @@ class Setting:
 
 
 SETTINGS = (
-    Setting("leaseSeconds", "lease_seconds", 0, 7 * DAY, exclusive_minimum=True),
-    Setting("queueSeconds", "queue_seconds", 0, 366 * DAY, exclusive_minimum=True),
+    # An extend's seconds and a post's delaySeconds are bounded by the same figures.
+    Setting("leaseSeconds", "lease_seconds", 0, MAX_LEASE_SECONDS, exclusive_minimum=True),
+    Setting("queueSeconds", "queue_seconds", 0, MAX_DELAY_SECONDS, exclusive_minimum=True),
     Setting("retainSeconds", "retain_seconds", 0, 366 * DAY),
     Setting("maxAttempts", "max_attempts", 1, 1_000_000, integer=True, nullable=True),
     Setting("backoffSeconds", "backoff_seconds", 0, DAY),

@@ -48,7 +48,6 @@ from typing import Any, NamedTuple
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from .. import contract, engine
-from ..conf import get_conf
 from ..errors import InvalidInput, ItemNotFound, TaskhosterError, TooLarge
 from ..faults import fault, raise_if_armed
 from ..ids import is_valid_id
@@ -276,7 +275,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
     def _parse(self, text_data: str | None, bytes_data: bytes | None) -> dict[str, Any]:
         if text_data is None:
             raise InvalidInput("send JSON in text frames", code="text_frames_only")
-        limit = get_conf().max_payload_bytes + 64 * 1024
+        limit = contract.max_frame_bytes()
         if len(text_data) > limit or len(text_data.encode("utf-8", "surrogatepass")) > limit:
             raise TooLarge(f"a frame is at most {limit} bytes")
         try:

@@ -35,7 +35,6 @@ from ..models import Item
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-MAX_CLAIM = 100
 
 GAUGE_INTERVAL = 1.0
 GAUGE_HEARTBEAT = 5.0
@@ -178,8 +177,11 @@ class Dispatcher:
             )
             shares: dict[Worker, int] = {}
             total = 0
+            # One claim takes at most MAX_CLAIM items, as a REST claim does; slots left over
+            # are claimed for again at once (``again`` below).
+            most = get_conf().max_claim
             for worker in wanting:
-                share = min(self._free(worker), MAX_CLAIM - total)
+                share = min(self._free(worker), most - total)
                 if share <= 0:
                     break
                 shares[worker] = share
