@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from drf_spectacular.generators import SchemaGenerator
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.settings import SPECTACULAR_DEFAULTS
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.metadata import SimpleMetadata
@@ -24,6 +25,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from .base import DRF_SETTINGS, ApiView, TaskhosterContentNegotiation
+from .schema import annotate
 
 #: drf-spectacular's settings for the document (also for ``manage.py spectacular
 #: --custom-settings taskhoster.api.schema_view.SPECTACULAR``). Keys drf-spectacular refuses
@@ -68,10 +70,14 @@ class SchemaView(SpectacularAPIView):
     versioning_class = None
     metadata_class = SimpleMetadata
     generator_class = SchemaGenerator
+    # drf-spectacular's, not the project's DEFAULT_SCHEMA_CLASS: its system check generates
+    # a schema of every DRF view of the project (this one is excluded from the document).
+    schema = AutoSchema()
     custom_settings = SPECTACULAR
     serve_public = True
     urlconf = None
 
+    @annotate(exclude=True)  # as drf-spectacular's own view: not an operation of the API
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         with _generating:
             response: Response = super().get(request, *args, **kwargs)

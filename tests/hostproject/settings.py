@@ -1,7 +1,8 @@
 """Settings of the host project: a plain Django project, plus what Taskhoster needs.
 
-It follows ``DATABASE_URL`` (SQLite by default) and ``REDIS_URL`` (unset: one process, an
-in-memory channel layer) like Taskhoster's own server, so the tests run it both ways.
+It follows ``DATABASE_URL`` (SQLite by default) and ``REDIS_URL`` (unset: news between
+processes by a doorbell) like Taskhoster's own server, so the tests run it both ways. It sets
+no ``CHANNEL_LAYERS``: Taskhoster needs none.
 """
 
 import os
@@ -72,18 +73,6 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 # The host wraps each of its requests in a transaction; Taskhoster's views stay out of it.
 DATABASES["default"]["ATOMIC_REQUESTS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-
-# Taskhoster's /work socket needs a channel layer: Redis when several server processes
-# serve the project, else the in-memory one.
-if os.environ.get("REDIS_URL"):
-    CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [os.environ["REDIS_URL"]]},
-        }
-    }
-else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 TASKHOSTER = {
     "ROOT": os.environ.get("TASKHOSTER_ROOT") or str(BASE_DIR / "taskhoster-state"),
