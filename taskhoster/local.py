@@ -39,7 +39,7 @@ from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.transaction import TransactionManagementError
 
-from . import contract, engine
+from . import engine
 from .api import params
 from .errors import InvalidInput
 from .timeutil import now as utcnow
@@ -297,20 +297,7 @@ def _post(
     queue: str, bodies: list[dict[str, Any]], *, batch: bool, using: str | None, robust: bool
 ) -> list[Posting]:
     engine.queues.validate_queue_name(queue)
-    if batch:
-        specs = contract.validate(contract.POST_BATCH, {"items": bodies})["items"]
-    else:
-        specs = [contract.validate(contract.POST_ITEM, bodies[0])]
-    new = [
-        engine.NewItem(
-            payload=s.get("payload"),
-            thread_id=s.get("threadId"),
-            scheduled_at=s.get("scheduledAt"),
-            delay_seconds=s.get("delaySeconds"),
-            key=s.get("key"),
-        )
-        for s in specs
-    ]
+    new = engine.new_items({"items": bodies} if batch else bodies[0])
     postings = [Posting(queue) for _ in new]
     # The caller's alias first, then Taskhoster's own: an engine call made inside a
     # transaction on ``default`` would run in it (``engine.committer.execute``), and a

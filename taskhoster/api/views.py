@@ -181,21 +181,7 @@ class QueueItemsView(ApiView):
         engine.queues.validate_queue_name(queue)  # the group answers 404 for a missing one
         body = request.data
         batch = isinstance(body, dict) and "items" in body
-        if batch:
-            specs = contract.validate(contract.POST_BATCH, body)["items"]
-        else:
-            specs = [contract.validate(contract.POST_ITEM, body)]
-        new = [
-            engine.NewItem(
-                payload=s.get("payload"),
-                thread_id=s.get("threadId"),
-                scheduled_at=s.get("scheduledAt"),
-                delay_seconds=s.get("delaySeconds"),
-                key=s.get("key"),
-            )
-            for s in specs
-        ]
-        posted = engine.post_items(queue_name=queue, items=new)
+        posted = engine.post_items(queue_name=queue, items=engine.new_items(body))
         # A repeated key answers its item as GET shows it, result included.
         wires = [engine.item_json(p.row, payload=p.payload, result=p.result) for p in posted]
         if batch:

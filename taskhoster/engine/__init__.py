@@ -39,7 +39,7 @@ from .transitions import (
     submit_result_async,
     time_out_if_aged,
 )
-from .wire import item_json
+from .wire import item_json, new_items
 
 __all__ = [
     "LEASE_EXPIRED",
@@ -74,6 +74,7 @@ __all__ = [
     "item_json",
     "list_items",
     "mark_fetched",
+    "new_items",
     "post_items",
     "queue_settings",
     "queues",

@@ -1,11 +1,14 @@
-"""An item as clients see it: the one JSON shape for the REST API and the ``/work`` socket."""
+"""An item as clients see it: the one JSON shape for the REST API and the ``/work`` socket;
+and the items a post's body asks for, for the REST API and ``taskhoster.local`` alike."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from .. import contract
 from ..status import Status
 from ..timeutil import to_wire
+from .ops import NewItem
 
 _OMIT: Any = object()
 
@@ -46,3 +49,22 @@ def item_json(
     if lease is not None:
         out["lease"] = lease
     return out
+
+
+def new_items(body: Any) -> list[NewItem]:
+    """The items a post's body asks for: one item, or ``{"items": [...]}``, judged by the
+    contract (``InvalidInput`` or ``TooLarge`` for what it refuses)."""
+    if isinstance(body, dict) and "items" in body:
+        specs = contract.validate(contract.POST_BATCH, body)["items"]
+    else:
+        specs = [contract.validate(contract.POST_ITEM, body)]
+    return [
+        NewItem(
+            payload=s.get("payload"),
+            thread_id=s.get("threadId"),
+            scheduled_at=s.get("scheduledAt"),
+            delay_seconds=s.get("delaySeconds"),
+            key=s.get("key"),
+        )
+        for s in specs
+    ]
