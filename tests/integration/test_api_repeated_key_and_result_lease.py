@@ -152,7 +152,7 @@ def test_a_malformed_lease_on_a_rest_result_is_refused_and_changes_nothing(api, 
     claim_one(api)
     answer = api.post(f"/api/items/{item['id']}/result", {"result": 1, "lease": lease}, "json")
     assert answer.status_code == 400
-    assert answer.json()["error"]["code"] == "invalid"
+    assert answer.json()["error"]["code"] == "invalid_lease"  # as the socket answers it
     assert "lease" in answer.json()["error"]["message"]
     assert get(api, item["id"])["status"] == "processing"
 
