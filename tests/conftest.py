@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from django.conf import settings
 from rest_framework.test import APIClient
 
 from taskhoster import engine
+from taskhoster.engine.removal import RECLAIM_THREAD
 from taskhoster.keys import create_key
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,6 +54,16 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                     "WHERE datname = current_database() AND pid <> pg_backend_pid()"
                 )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Before a test's fixtures end: a queue it deleted in this process is reclaimed by a
+    thread behind the answer; let it finish, or its statements meet the flush of the test
+    database (on PostgreSQL a deadlock with the TRUNCATE)."""
+    for thread in threading.enumerate():
+        if thread.name == RECLAIM_THREAD:
+            thread.join(60)
 
 
 @pytest.fixture(autouse=True)

@@ -95,6 +95,9 @@ def delete_queue(*, queue_name: str) -> None:
     transaction.on_commit(_reclaim_in_background)  # at once, unless inside a transaction
 
 
+RECLAIM_THREAD = "taskhoster-reclaim"
+
+
 def _reclaim_in_background() -> None:
     def run() -> None:
         try:
@@ -104,7 +107,7 @@ def _reclaim_in_background() -> None:
         finally:
             connection.close()
 
-    threading.Thread(target=run, name="taskhoster-reclaim", daemon=True).start()
+    threading.Thread(target=run, name=RECLAIM_THREAD, daemon=True).start()
 
 
 _reclaiming = threading.Lock()
