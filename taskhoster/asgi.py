@@ -45,6 +45,8 @@ def start() -> None:
     from .conf import get_conf
     from .engine import committer
 
+    if committer.start_is_held():
+        return  # the system checks are importing the ASGI module: nothing is started
     # A root that cannot be made is reported by /healthz, not raised here.
     with contextlib.suppress(OSError):
         get_conf().root.mkdir(parents=True, exist_ok=True)

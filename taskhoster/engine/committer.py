@@ -255,10 +255,12 @@ _held = 0  # ``hold_start`` blocks in force
 
 @contextlib.contextmanager
 def hold_start() -> Iterator[None]:
-    """Within, ``start`` does nothing: the committer starts at its first operation instead.
+    """Within, ``start`` (and ``taskhoster.asgi.start``) does nothing: the committer starts
+    at its first operation instead.
 
     The system checks import the project's ASGI module to look for the ``/work`` route; a
-    module that calls ``start`` at import must not start a committer process for that.
+    module that calls ``start`` at import must not start a committer process, or make a
+    state root, for that.
     """
     global _held
     with _lock:
@@ -270,12 +272,17 @@ def hold_start() -> Iterator[None]:
             _held -= 1
 
 
+def start_is_held() -> bool:
+    """Whether a ``hold_start`` is in force."""
+    with _lock:
+        return bool(_held)
+
+
 def start() -> None:
     """Start this process's committer now rather than at the first operation (a server
     calls this at start-up, so that no request waits for a committer process to start)."""
-    with _lock:
-        if _held:
-            return
+    if start_is_held():
+        return
     found = committer()
     with found.cond:
         if getattr(found, "proc", True) is None:
