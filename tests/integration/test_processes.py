@@ -173,7 +173,15 @@ def test_serve_many_serves_one_address_with_n_processes_that_share_the_work(
         60,
         "both processes to answer on the one address",
     )
-    supervised = wait_for(lambda: supervised_pids(tmp_path / "var"), 30, "supervisorctl")
+
+    def all_running() -> dict[str, int] | None:
+        # supervisord counts a program RUNNING only once it has stayed up for its startsecs:
+        # the daphnes answer before they are listed so.
+        seen = supervised_pids(tmp_path / "var")
+        daphnes = [name for name in seen if name.startswith("taskhoster:")]
+        return seen if len(daphnes) == 2 and "sweep" in seen else None
+
+    supervised = wait_for(all_running, 30, "supervisorctl to list both daphnes and the sweep")
     daphnes = {pid for name, pid in supervised.items() if name.startswith("taskhoster:")}
     assert set(pids) <= daphnes
     assert len(daphnes) == 2
