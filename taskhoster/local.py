@@ -30,7 +30,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -207,8 +207,9 @@ def _body(
 ) -> dict[str, Any]:
     """The REST body these arguments stand for (a None argument is left out, as a field not
     given), so that the contract judges exactly what a REST post would send."""
-    _check_json(payload, f"{where}payload")
-    body: dict[str, Any] = {"payload": payload}
+    # The payload as JSON reads it back: what is validated is what is posted, whatever the
+    # caller does with its objects before a deferred post's commit.
+    body: dict[str, Any] = {"payload": _json_copy(payload, f"{where}payload")}
     if thread_id is not None:
         body["threadId"] = thread_id
     if delay is not None:
@@ -227,17 +228,20 @@ def _body(
     return body
 
 
-def _check_json(value: Any, name: str) -> None:
-    """Only what a JSON body can hold, so the item reads back as it was posted: dicts with
-    string keys, lists, strings, finite numbers, booleans and None.
+def _json_copy(value: Any, name: str) -> Any:
+    """``value`` as JSON reads it back, refused unless it is only what a JSON body can hold
+    (dicts with string keys, lists, strings, finite numbers, booleans and None), so the item
+    reads back as it was posted.
 
-    A round trip through JSON (in C) tells; a walk through the value (slower) says where.
+    A round trip through JSON (in C) tells, and its result is the copy; a walk through the
+    value (slower) says where a refused value is.
     """
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-        if json.loads(text) == value:
+        copy = json.loads(text)
+        if copy == value:
             text.encode("utf-8")  # a lone surrogate is no text to store
-            return
+            return copy
     except (TypeError, ValueError, UnicodeEncodeError, RecursionError):
         pass
     try:
@@ -289,10 +293,6 @@ def _walk_json(value: Any, path: list[str]) -> None:
     )
 
 
-def _copy_json(value: Any) -> Any:
-    return json.loads(json.dumps(value, ensure_ascii=False))
-
-
 def _post(
     queue: str, bodies: list[dict[str, Any]], *, batch: bool, using: str | None, robust: bool
 ) -> list[Posting]:
@@ -306,9 +306,6 @@ def _post(
     deferred = _in_transaction(aliases)
     if deferred:
         _check_early(queue, new)
-        # What was validated is what is posted, whatever the caller does with its objects
-        # before the commit.
-        new = [replace(item, payload=_copy_json(item.payload)) for item in new]
         for posting in postings:
             posting.deferred = True
     _when_committed(aliases, partial(_run, queue, new, postings, robust=deferred and robust))
