@@ -36,7 +36,7 @@ import statistics
 import subprocess
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -96,6 +96,9 @@ class WrkRow:
     # committer child. Less noisy than rates on a busy machine: it is what one request costs.
     server_us: float = float("nan")
     committer_us: float = float("nan")
+    # The server's CPU per request by thread (``--threads``): its event loop (the main
+    # thread), its request threads together, and each other thread by its OS-level name.
+    threads: dict[str, float] = field(default_factory=dict)
 
 
 def post_script(tmp: Path, key: str) -> Path:
@@ -141,6 +144,38 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """Each thread of a process: its OS-level name and its user + system CPU seconds."""
+    found: dict[int, tuple[str, float]] = {}
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                name = (task / "comm").read_text().strip()
+                seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+                found[int(task.name)] = (name, seconds)
+    return found
+
+
+def cpu_by_thread(
+    pid: int, before: dict[int, tuple[str, float]], requests: int
+) -> dict[str, float]:
+    """CPU µs per request since ``before``: the main thread (the event loop), the request
+    threads (``th-http-*``) together, and every other thread by name."""
+    spent: dict[str, float] = {}
+    for tid, (name, seconds) in thread_cpu(pid).items():
+        what = "event loop" if tid == pid else name
+        if what.startswith("th-http-"):
+            what = "request threads"
+        used = seconds - before.get(tid, (name, 0.0))[1]
+        spent[what] = spent.get(what, 0.0) + used
+    return {
+        what: round(seconds / max(requests, 1) * 1e6)
+        for what, seconds in sorted(spent.items(), key=lambda kv: -kv[1])
+        if seconds > 0
+    }
+
+
 def children_of(pid: int) -> list[int]:
     found: list[int] = []
     with contextlib.suppress(OSError):
@@ -159,6 +194,7 @@ def run_wrk(
 ) -> WrkRow:
     pids = [server_pid, *children_of(server_pid)] if server_pid else []
     cpu_before = [cpu_seconds(p) for p in pids]
+    threads_before = thread_cpu(server_pid) if server_pid and args.threads else {}
     argv = [args.wrk, f"-t{WRK_THREADS}", f"-c{args.connections}", f"-d{args.seconds:g}s"]
     argv += ["--latency", *(["-s", str(script)] if script else []), url]
     load_before = load_average()
@@ -189,6 +225,9 @@ def run_wrk(
         load_after=load_average(),
         server_us=per_request[0] if per_request else float("nan"),
         committer_us=sum(per_request[1:]) if per_request[1:] else float("nan"),
+        threads=cpu_by_thread(server_pid, threads_before, found["requests"])
+        if server_pid and args.threads
+        else {},
     )
 
 
@@ -405,12 +444,16 @@ WRK_HEADER = (
 
 
 def format_wrk(r: WrkRow) -> str:
-    return (
+    text = (
         f"{r.round:>5} {r.name:<8} {r.requests:>8} {r.per_second:>8.1f} "
         f"{r.ok_per_second:>8.1f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} {r.non_2xx:>7} "
         f"{r.socket_errors:>8} {r.server_us:>10.0f} {r.committer_us:>6.0f}  "
         f"{r.load_before} -> {r.load_after}"
     )
+    if r.threads:
+        by = ", ".join(f"{what} {us}" for what, us in r.threads.items())
+        text += f"\n{'':>14}server CPU µs/req by thread: {by}"
+    return text
 
 
 def ratios(rows: list[WrkRow]) -> list[float]:
@@ -429,6 +472,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=10.0, help="per wrk run / mixed trial")
     parser.add_argument(
         "--repeat", type=int, default=3, help="rounds of healthz+post (0: only --mixed)"
+    )
+    parser.add_argument(
+        "--threads",
+        action="store_true",
+        help="also print the server's CPU per request by thread (event loop, request threads, ...)",
     )
     parser.add_argument("--mixed", action="store_true", help="then search the held post rate")
     parser.add_argument("--mixed-start", type=float, default=100.0, help="first rate, posts/s")

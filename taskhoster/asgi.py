@@ -33,6 +33,8 @@ from django.core.handlers.base import BaseHandler
 from django.http import HttpResponseBase
 from django.urls import set_script_prefix
 
+from .osthread import name_os_thread
+
 
 def start() -> None:
     """Make the state root and start this process's committer now, rather than at the first
@@ -78,7 +80,12 @@ class OneHopASGIHandler(ASGIHandler):
         BaseHandler.__init__(self)
         self.load_middleware(is_async=False)
         self.free = [
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"taskhoster-http-{n}")
+            ThreadPoolExecutor(
+                max_workers=1,
+                thread_name_prefix=f"taskhoster-http-{n}",
+                initializer=name_os_thread,
+                initargs=(f"taskhoster-http-{n}",),
+            )
             for n in range(size)
         ]
 

@@ -40,6 +40,7 @@ from django.db import IntegrityError, OperationalError, connection
 from .. import metrics
 from ..conf import get_conf
 from ..errors import TaskhosterError
+from ..osthread import name_os_thread
 from . import reclaim
 from .common import store
 from .group import Group
@@ -203,6 +204,7 @@ class Committer:
             return group
 
     def _loop(self) -> None:
+        name_os_thread()
         idle = 0
         while True:
             group = self._take()

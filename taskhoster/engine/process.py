@@ -43,6 +43,7 @@ from django.conf import settings
 
 from .. import bus, events
 from ..errors import StoreError, TaskhosterError
+from ..osthread import name_os_thread
 from . import committer as committing
 from .ops import Op
 
@@ -149,6 +150,7 @@ class ChildCommitter:
     def _spawn_and_read(
         self, env: dict[str, str], started: Future[subprocess.Popen[bytes]]
     ) -> None:
+        name_os_thread()
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "taskhoster.committer_process"],
@@ -206,6 +208,7 @@ def run_child() -> None:
     """The committer process's main loop (Django is set up already)."""
     parent = int(os.environ[CHILD_ENV])
     _die_with_parent()
+    name_os_thread("taskhoster-commit-proc")
     if os.getppid() != parent:
         return
     bus.ORIGIN = os.environ.get("TASKHOSTER_NEWS_ORIGIN", bus.ORIGIN)

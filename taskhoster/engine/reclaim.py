@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..osthread import name_os_thread
 from .common import store
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ def later(paths: list[str]) -> None:
 
 
 def _run() -> None:
+    name_os_thread()
     while True:
         path = _lists.get()
         try:

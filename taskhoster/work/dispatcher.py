@@ -32,6 +32,7 @@ from ..conf import get_conf
 from ..errors import QueueNotFound
 from ..faults import fault
 from ..models import Item
+from ..osthread import name_os_thread
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -39,7 +40,9 @@ T = TypeVar("T")
 GAUGE_INTERVAL = 1.0
 GAUGE_HEARTBEAT = 5.0
 
-_executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="taskhoster-db")
+_executor = ThreadPoolExecutor(
+    max_workers=4, thread_name_prefix="taskhoster-db", initializer=name_os_thread
+)
 
 
 async def run_sync(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
