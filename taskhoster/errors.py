@@ -55,6 +55,21 @@ class ItemNotFound(NotFound):
     code = "item_not_found"
 
 
+class KeyRefused(TaskhosterError):
+    """The key is unknown or revoked (checked in the group itself, for a post answered on
+    the event loop: the API then answers the request as ``require`` would)."""
+
+    code = "unauthorized"
+    http_status = 401
+
+
+class KeyForbidden(KeyRefused):
+    """A live key that may not do this here."""
+
+    code = "forbidden"
+    http_status = 403
+
+
 class Conflict(TaskhosterError):
     """The object is not in a state that allows this."""
 

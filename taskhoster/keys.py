@@ -72,29 +72,44 @@ def create_key(
     return key, secret
 
 
+def secret_hash(secret: str) -> str | None:
+    """The hash to look a secret up by, or None for a secret no key can have."""
+    if not secret or len(secret) > 200:
+        return None
+    return hash_key(secret)
+
+
 def authenticate(secret: str) -> Principal | None:
     """The key's holder, or None. One indexed lookup by the key's hash on every call (no
     cache: a revoked key stops working at once, in every process)."""
-    if not secret or len(secret) > 200:
-        return None
+    found = secret_hash(secret)
+    return None if found is None else principals_by_hash([found]).get(found)
+
+
+def principals_by_hash(hashes: Iterable[str]) -> dict[str, Principal]:
+    """The holders of the live (unrevoked) keys among ``hashes``, in one query."""
+    wanted = sorted(set(hashes))
+    if not wanted:
+        return {}
     table = ApiKey._meta.db_table
+    marks = ", ".join(["%s"] * len(wanted))
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT id, name, scopes, queues FROM {table} "
-            "WHERE key_hash = %s AND revoked_at IS NULL",
-            [hash_key(secret)],
+            f"SELECT key_hash, id, name, scopes, queues FROM {table} "
+            f"WHERE key_hash IN ({marks}) AND revoked_at IS NULL",
+            wanted,
         )
-        found = cursor.fetchone()
-    if found is None:
-        return None
-    key_id, name, scopes, queues = found
-    scopes, queues = _json(scopes), _json(queues)
-    return Principal(
-        key_id=key_id,
-        name=name,
-        scopes=frozenset(scopes or ()),
-        queues=frozenset(queues) if queues else None,
-    )
+        rows = cursor.fetchall()
+    found = {}
+    for key_hash, key_id, name, scopes, queues in rows:
+        scopes, queues = _json(scopes), _json(queues)
+        found[key_hash] = Principal(
+            key_id=key_id,
+            name=name,
+            scopes=frozenset(scopes or ()),
+            queues=frozenset(queues) if queues else None,
+        )
+    return found
 
 
 def _json(value: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -10,17 +11,33 @@ from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
-from ..keys import Principal, authenticate, parse_authorization
+from ..asgi import ON_LOOP
+from ..keys import Principal, authenticate, parse_authorization, secret_hash
+
+
+@dataclass(frozen=True)
+class UncheckedKey:
+    """A key not looked up yet. On the event loop (``taskhoster.asgi.ON_LOOP``) nothing may
+    wait for the database: a view there leaves the lookup to the engine's group
+    (``checked_by_engine``), and any other use of the caller answers in a thread."""
+
+    key_hash: str
+    is_authenticated = True
 
 
 class KeyAuthentication(BaseAuthentication):
-    def authenticate(self, request: Request) -> tuple[Principal, str] | None:
+    def authenticate(self, request: Request) -> tuple[Principal | UncheckedKey, str] | None:
         header = request.META.get("HTTP_AUTHORIZATION")
         if not header:
             return None
         secret = parse_authorization(header)
         if secret is None:
             raise exceptions.AuthenticationFailed("expected 'Authorization: Token <key>'")
+        if getattr(request._request, ON_LOOP, False):
+            found = secret_hash(secret)
+            if found is None:
+                raise exceptions.AuthenticationFailed("invalid or revoked key")
+            return UncheckedKey(found), secret
         principal = authenticate(secret)
         if principal is None:
             raise exceptions.AuthenticationFailed("invalid or revoked key")
@@ -47,7 +64,7 @@ class KeyAuthenticationScheme(OpenApiAuthenticationExtension):
 
 class HasKey(BasePermission):
     def has_permission(self, request: Request, view: Any) -> bool:
-        return isinstance(request.user, Principal)
+        return isinstance(request.user, Principal | UncheckedKey)
 
 
 def principal_of(request: Request) -> Principal:
@@ -55,6 +72,17 @@ def principal_of(request: Request) -> Principal:
     if not isinstance(user, Principal):
         raise exceptions.NotAuthenticated()
     return user
+
+
+def checked_by_engine(request: Request, scope: str, *, queue: str) -> str | None:
+    """For a view whose engine call checks the key itself (a post: ``ops.Post.key_hash``):
+    the key's hash on the event loop, for the engine to check; in a thread, None once
+    ``require`` has passed."""
+    user = request.user
+    if isinstance(user, UncheckedKey):
+        return user.key_hash
+    require(request, scope, queue=queue)
+    return None
 
 
 def require(request: Request, *scopes: str, queue: str | None = None) -> Principal:

@@ -20,8 +20,8 @@ from ..models import Item, Queue
 from ..status import Status
 from ..timeutil import to_wire
 from . import params as params_
-from .auth import require
-from .base import ApiView
+from .auth import checked_by_engine, require
+from .base import ApiView, EngineAnswer
 from .cursors import decode_cursor, encode_cursor
 from .schema import (
     ITEM_ERRORS,
@@ -121,6 +121,10 @@ def _item_cursor(cursor: str | None) -> str | None:
 
 
 class QueueItemsView(ApiView):
+    # A post is answered on the handler's event loop (taskhoster.asgi): the engine's group
+    # checks the key with the rest of its work.
+    loop_methods = frozenset({"post"})
+
     @documented(
         "listItems",
         summary="List items (no payloads)",
@@ -176,18 +180,25 @@ class QueueItemsView(ApiView):
         ),
         body=True,
     )
-    def post(self, request: Request, queue: str) -> Response:
-        require(request, "produce", queue=queue)
+    def post(self, request: Request, queue: str) -> Response | EngineAnswer:
+        key_hash = checked_by_engine(request, "produce", queue=queue)
         engine.queues.validate_queue_name(queue)  # the group answers 404 for a missing one
         body = request.data
         batch = isinstance(body, dict) and "items" in body
-        posted = engine.post_items(queue_name=queue, items=engine.new_items(body))
-        # A repeated key answers its item as GET shows it, result included.
-        wires = [engine.item_json(p.row, payload=p.payload, result=p.result) for p in posted]
-        if batch:
-            return Response({"items": wires}, status=status.HTTP_201_CREATED)
-        code = status.HTTP_201_CREATED if posted[0].created else status.HTTP_200_OK
-        return Response(wires[0], status=code)
+        items = engine.new_items(body)
+
+        def answer(posted: list[engine.Posted]) -> Response:
+            # A repeated key answers its item as GET shows it, result included.
+            wires = [engine.item_json(p.row, payload=p.payload, result=p.result) for p in posted]
+            if batch:
+                return Response({"items": wires}, status=status.HTTP_201_CREATED)
+            code = status.HTTP_201_CREATED if posted[0].created else status.HTTP_200_OK
+            return Response(wires[0], status=code)
+
+        if key_hash is None:  # in a thread, the key checked
+            return answer(engine.post_items(queue_name=queue, items=items))
+        soon = engine.post_items_soon(queue_name=queue, items=items, key_hash=key_hash)
+        return EngineAnswer(self, request, soon, answer)
 
 
 class BulkDeleteView(ApiView):

@@ -304,9 +304,16 @@ def execute(op: Op) -> Any:
     return op.future.result()
 
 
-async def execute_async(op: Op) -> Any:
-    """The same for a caller on an event loop: it waits without blocking the loop."""
+def submit_async(op: Op) -> asyncio.Future[Any]:
+    """From code running on an event loop: hand ``op`` to the next group now; the returned
+    future (of this loop) settles with its answer or its error."""
     op.loop = asyncio.get_running_loop()
     op.waiter = op.loop.create_future()
     committer().submit(op)
-    return await op.waiter
+    return op.waiter
+
+
+async def execute_async(op: Op) -> Any:
+    """The same as ``execute`` for a caller on an event loop: it waits without blocking the
+    loop."""
+    return await submit_async(op)

@@ -32,9 +32,17 @@ from typing import Any
 from django.db import connection, transaction
 
 from .. import events, metrics
-from ..errors import Conflict, ItemNotFound, QueueNotFound, TaskhosterError
+from ..errors import (
+    Conflict,
+    ItemNotFound,
+    KeyForbidden,
+    KeyRefused,
+    QueueNotFound,
+    TaskhosterError,
+)
 from ..faults import crash_point
 from ..ids import new_id, new_ids
+from ..keys import principals_by_hash
 from ..status import State, Status
 from ..store import Record, StateStore, encode_line
 from ..timeutil import now as utcnow
@@ -198,13 +206,14 @@ class Group:
         """Run every operation in one transaction; the caller answers afterwards."""
         try:
             with transaction.atomic():
+                self._check_keys()
                 self._load()
                 for op in self.ops:
                     if isinstance(op, ItemOp):
                         self._answer(op, self._item_op, op)
                 self._dead_letters()
                 for op in self.ops:
-                    if isinstance(op, Post):
+                    if isinstance(op, Post) and id(op) not in self.answers:
                         self._answer(op, self._post, op)
                 crash_point("group.after_files", group_size=len(self.ops))
                 sql.update_rows(r for r in self.rows.values() if r.id not in self.removed)
@@ -247,6 +256,27 @@ class Group:
 
     # -- reading ------------------------------------------------------------------------
 
+    def _check_keys(self) -> None:
+        """Refuse each post whose key, left to the group (``Post.key_hash``), is not live,
+        lacks the ``produce`` scope or may not use its queue: all keys in one query, in the
+        group's transaction (a key revoked before it commits refuses the post)."""
+        posts = [op for op in self.ops if isinstance(op, Post) and op.key_hash is not None]
+        if not posts:
+            return
+        holders = principals_by_hash(op.key_hash for op in posts if op.key_hash)
+        for op in posts:
+            holder = holders.get(op.key_hash or "")
+            refused: KeyRefused
+            if holder is None:
+                refused = KeyRefused("invalid or revoked key")
+            elif not holder.has_scope("produce"):
+                refused = KeyForbidden("this key needs the produce scope")
+            elif not holder.may_use(op.queue_name):
+                refused = KeyForbidden(f"this key may not use queue {op.queue_name!r}")
+            else:
+                continue
+            self.answers[id(op)] = (False, refused)
+
     def _load(self) -> None:
         names = {op.queue_name for op in self.ops if isinstance(op, Post | Claim)}
         ids = {i for op in self.ops if isinstance(op, ItemOp) for i in op.item_ids()}
@@ -261,7 +291,7 @@ class Group:
             restarts = {op.item_id for op in self.ops if isinstance(op, Restart)}
             joining = {(q, t) for i, (q, t) in peek.items() if t is not None and i in restarts}
         for op in self.ops:
-            if isinstance(op, Post) and op.queue_name in self.live:
+            if isinstance(op, Post) and op.queue_name in self.live and id(op) not in self.answers:
                 q = self.live[op.queue_name]
                 joining |= {(q.id, item.thread_id) for item in op.items if item.thread_id}
         self._lock_queues()
@@ -972,8 +1002,9 @@ def check_schedule(scheduled_at: datetime, posted_at: datetime, queue_seconds: f
         )
 
 
-def prepare_post(queue_name: str, items: list[Any]) -> Post:
-    """Build a post in the caller's thread: ids, times, rows and each file's first line."""
+def prepare_post(queue_name: str, items: list[Any], key_hash: str | None = None) -> Post:
+    """Build a post in the caller's thread: ids, times, rows and each file's first line
+    (``key_hash``: see ``ops.Post``)."""
     at = utcnow()
     ids = new_ids(len(items))
     rows: list[ItemRow] = []
@@ -992,4 +1023,4 @@ def prepare_post(queue_name: str, items: list[Any]) -> Post:
         )
         rows.append(row)
         lines.append(encode_line(record_of(row, queue_name, item.payload)))
-    return Post(queue_name=queue_name, items=items, rows=rows, lines=lines)
+    return Post(queue_name=queue_name, items=items, rows=rows, lines=lines, key_hash=key_hash)

@@ -82,12 +82,18 @@ class Op:
 @dataclass(eq=False)
 class Post(Op):
     """Rule 1. ``rows[i]`` and ``lines[i]`` are ``items[i]``'s new row and the first line of
-    its file, made before the group by ``group.prepare_post``."""
+    its file, made before the group by ``group.prepare_post``.
+
+    ``key_hash``: a caller that has not looked its key up (a post answered on the event loop,
+    which must not wait for the database) leaves the check to the group: the key must be live,
+    have the ``produce`` scope and may use the queue, or the post is refused (``KeyRefused``).
+    """
 
     queue_name: str
     items: list[NewItem]
     rows: list[ItemRow]
     lines: list[bytes]
+    key_hash: str | None = None
 
     @property
     def size(self) -> int:

@@ -7,6 +7,7 @@ in ``group.Group``, once. The ``*_async`` twins are for callers on an event loop
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from ..errors import QueueNotFound
 from ..models import Queue
 from ..timeutil import now as utcnow
-from .committer import execute, execute_async
+from .committer import execute, execute_async, submit_async
 from .group import WORKER_DISCONNECTED, prepare_post
 from .ops import (
     Claim,
@@ -49,6 +50,14 @@ def post_items(*, queue_name: str, items: list[NewItem]) -> list[Posted]:
     """Post items to a queue, all or none; an item whose key exists returns the existing one."""
     answer: list[Posted] = execute(prepare_post(queue_name, items))
     return answer
+
+
+def post_items_soon(
+    *, queue_name: str, items: list[NewItem], key_hash: str | None = None
+) -> asyncio.Future[list[Posted]]:
+    """``post_items`` for a caller on an event loop, which awaits the returned future.
+    ``key_hash``: the caller's key, for the group to check (``ops.Post``)."""
+    return submit_async(prepare_post(queue_name, items, key_hash))
 
 
 # -- rule 2: claim, rule 5: extend ----------------------------------------------------------
