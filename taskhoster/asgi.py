@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -43,18 +44,24 @@ from django.core import signals
 from django.core.exceptions import DisallowedHost, RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
-from django.http import HttpResponse, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.urls import Resolver404, get_resolver, set_script_prefix
 
 from .osthread import name_os_thread
 
+log = logging.getLogger(__name__)
+
 #: Set (True) on a request that the handler runs on its event loop (``OneHopASGIHandler``).
 ON_LOOP = "taskhoster_on_loop"
+#: Set on such a request to its ``LaterResponse`` once the view has handed its work on.
+LATER_RESPONSE = "taskhoster_later_response"
 
 #: Middleware that may run on the event loop: each neither blocks nor reads the database for a
 #: request that does not use the session or the user, nor reads a response's body
 #: (``CommonMiddleware`` sets ``Content-Length``, which ``LaterResponse.finish`` sets again),
-#: nor changes the URLconf.
+#: nor changes the URLconf; unless ``SESSION_SAVE_EVERY_REQUEST`` or ``CSRF_USE_SESSIONS``
+#: make the session middleware or the CSRF middleware read the session store for every
+#: request (with either, every request goes to a thread).
 LOOP_SAFE_MIDDLEWARE = frozenset(
     {
         "django.middleware.security.SecurityMiddleware",
@@ -71,7 +78,17 @@ LOOP_SAFE_MIDDLEWARE = frozenset(
 class LaterResponse(HttpResponse):
     """What a view on the event loop returns before its answer is known; middleware sees it
     as any response. The loop then awaits ``complete``, which sets the status and the body
-    (``finish``), or raises ``RunInThread`` to have the request answered in a thread."""
+    (``finish``), or raises ``RunInThreadError`` to have the request answered in a thread
+    (only when nothing was done).
+
+    Made once the view has handed its work on: from then on the request is answered with it
+    (``LATER_RESPONSE``), even if middleware failed on its way out; answering it again in a
+    thread would do the work twice.
+    """
+
+    def __init__(self, request: HttpRequest, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        setattr(request, LATER_RESPONSE, self)
 
     async def complete(self) -> None:
         raise NotImplementedError
@@ -143,7 +160,11 @@ class OneHopASGIHandler(ASGIHandler):
             )
             for n in range(size)
         ]
-        self.loop_safe = set(settings.MIDDLEWARE) <= LOOP_SAFE_MIDDLEWARE
+        self.loop_safe = (
+            set(settings.MIDDLEWARE) <= LOOP_SAFE_MIDDLEWARE
+            and not getattr(settings, "SESSION_SAVE_EVERY_REQUEST", False)
+            and not getattr(settings, "CSRF_USE_SESSIONS", False)
+        )
         self.loop_paths: dict[str, bool] = {}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -189,10 +210,10 @@ class OneHopASGIHandler(ASGIHandler):
         if not self.loop_safe:
             return False
         method = str(scope.get("method", "")).lower()
-        path = f"{method} {scope['path']}"
+        prefix = get_script_prefix(scope)  # as ASGIRequest finds its path_info
+        path = f"{method} {prefix} {scope['path']}"
         known = self.loop_paths.get(path)
         if known is None:
-            prefix = get_script_prefix(scope)  # as ASGIRequest finds its path_info
             path_info = scope["path"].removeprefix(prefix) if prefix else scope["path"]
             try:
                 match = get_resolver().resolve(path_info)
@@ -213,23 +234,36 @@ class OneHopASGIHandler(ASGIHandler):
         ``RunInThread``, or the request is one a thread must judge)."""
         set_script_prefix(get_script_prefix(scope))
         signals.request_started.send(sender=self.__class__, scope=scope)
-        request, _error = self.create_request(scope, body_file)
-        response = None
-        if request is not None and self._host_allowed(request):
+        finished = False
+        try:
+            request, _error = self.create_request(scope, body_file)
+            if request is None or not self._host_allowed(request):
+                return None
             setattr(request, ON_LOOP, True)
             response = self.get_response(request)
-        if isinstance(response, LaterResponse):
+            later: LaterResponse | None = getattr(request, LATER_RESPONSE, None)
+            if later is None:
+                return None
+            if later is not response:
+                log.error(
+                    "middleware failed on the way out of %s (it answered %s); the work was "
+                    "handed on, so its own answer is sent",
+                    request.path,
+                    response.status_code,
+                )
             try:
-                await response.complete()
+                await later.complete()
             except RunInThreadError:
-                pass
-            else:
-                response._handler_class = self.__class__  # type: ignore[attr-defined]
-                response.close()  # this sends request_finished
-                return response
-        # Not closed: that would close the request's body, which the thread reads again.
-        signals.request_finished.send(sender=self.__class__)
-        return None
+                return None  # nothing was done: the thread answers from the start
+            later._handler_class = self.__class__  # type: ignore[attr-defined]
+            finished = True
+            later.close()  # this sends request_finished
+            return later
+        finally:
+            if not finished:
+                # Not response.close(): that would close the request's body, which the thread
+                # reads again.
+                signals.request_finished.send(sender=self.__class__)
 
     @staticmethod
     def _host_allowed(request: Any) -> bool:

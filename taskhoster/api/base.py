@@ -151,7 +151,7 @@ class EngineAnswer(LaterResponse):
         answer: asyncio.Future[Any],
         make: Callable[[Any], Response],
     ) -> None:
-        super().__init__(content_type=ApiView._renderer.media_type)
+        super().__init__(request._request, content_type=ApiView._renderer.media_type)
         self.view, self.request, self.answer, self.make = view, request, answer, make
 
     async def complete(self) -> None:

@@ -67,7 +67,10 @@ def run_group(ops: list[Op], shard: int) -> None:
         try:
             group.run()
         except TaskhosterError as exc:
-            _fail_all(ops, exc)
+            # A post whose key the group refused keeps that answer (what the caller would
+            # have heard first), the rest hear why the group failed.
+            refused = group.refused_keys()
+            answer([(op, False, refused.get(id(op), exc)) for op in ops])
             return
         except IntegrityError as exc:
             # A concurrent post (another process) took one of our keys: run it again, and

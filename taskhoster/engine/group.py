@@ -256,6 +256,14 @@ class Group:
 
     # -- reading ------------------------------------------------------------------------
 
+    def refused_keys(self) -> dict[int, KeyRefused]:
+        """The posts whose key ``_check_keys`` refused (by ``id``), with their errors."""
+        return {
+            key: value
+            for key, (ok, value) in self.answers.items()
+            if not ok and isinstance(value, KeyRefused)
+        }
+
     def _check_keys(self) -> None:
         """Refuse each post whose key, left to the group (``Post.key_hash``), is not live,
         lacks the ``produce`` scope or may not use its queue: all keys in one query, in the

@@ -197,3 +197,93 @@ def test_posts_are_answered_without_a_request_thread_and_bad_ones_in_one(
     # In a thread, a post costs that thread ~0.3-0.8 ms: 400 of them well over 0.1 s.
     assert good <= 0.03, good
     assert bad >= 0.05, bad
+
+
+def test_a_group_that_fails_as_a_whole_still_tells_a_refused_key_so(keys, monkeypatch) -> None:
+    from taskhoster.engine import group as group_module
+    from taskhoster.errors import StoreError
+
+    def fail(self: Any) -> None:
+        raise StoreError("the disk went away")
+
+    monkeypatch.setattr(group_module.Group, "_dead_letters", fail)
+    ops = []
+    for key in (keys["revoked"], keys["producer"]):
+        op = prepare_post("q", [NewItem(payload=1)], key_hash=hash_key(key))
+        op.future = Future()
+        ops.append(op)
+    committer.run_group(ops, 0)
+    assert type(ops[0].future.exception()) is KeyRefused
+    assert type(ops[1].future.exception()) is StoreError
+    assert Item.objects.count() == 0
+
+
+def _asgi_post(handler: Any, key: str, body: bytes) -> tuple[int, bytes]:
+    """One POST through the handler in this process, on an event loop of its own."""
+    import asyncio
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/api/queues/q/items",
+        "raw_path": b"/api/queues/q/items",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"127.0.0.1"),
+            (b"authorization", f"Token {key}".encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 80),
+    }
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(handler(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], content
+
+
+def test_once_a_post_is_handed_on_it_is_answered_even_if_middleware_fails_after(
+    keys, monkeypatch, caplog
+) -> None:
+    """Answering it again in a thread would post it twice."""
+    from django.http import HttpResponse
+
+    from taskhoster.asgi import OneHopASGIHandler
+
+    handler = OneHopASGIHandler(size=1)
+    assert handler.loop_safe
+    real = handler.get_response
+
+    def failing_on_the_way_out(request: Any) -> Any:
+        real(request)
+        return HttpResponse("Internal Server Error", status=500)  # what Django makes of it
+
+    monkeypatch.setattr(handler, "get_response", failing_on_the_way_out)
+    status, content = _asgi_post(handler, keys["producer"], b'{"payload": 7}')
+    assert status == 201, content
+    assert Item.objects.count() == 1
+    assert "middleware failed on the way out" in caplog.text
+
+
+def test_with_sessions_saved_on_every_request_nothing_runs_on_the_loop(settings, keys) -> None:
+    from taskhoster.asgi import OneHopASGIHandler
+
+    assert OneHopASGIHandler(size=1).loop_safe
+    settings.SESSION_SAVE_EVERY_REQUEST = True
+    assert not OneHopASGIHandler(size=1).loop_safe
+    settings.SESSION_SAVE_EVERY_REQUEST = False
+    settings.CSRF_USE_SESSIONS = True
+    assert not OneHopASGIHandler(size=1).loop_safe
+    settings.CSRF_USE_SESSIONS = False
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "django.middleware.gzip.GZipMiddleware"]
+    assert not OneHopASGIHandler(size=1).loop_safe
