@@ -53,6 +53,14 @@ log = logging.getLogger(__name__)
 
 #: Set (True) on a request that the handler runs on its event loop (``OneHopASGIHandler``).
 ON_LOOP = "taskhoster_on_loop"
+
+
+def is_on_loop(request: Any) -> bool:
+    """Whether the handler runs this request (an ``HttpRequest``, or DRF's ``Request`` around
+    one) on its event loop."""
+    return bool(getattr(getattr(request, "_request", request), ON_LOOP, False))
+
+
 #: Set on such a request to its ``LaterResponse`` once the view has handed its work on.
 LATER_RESPONSE = "taskhoster_later_response"
 

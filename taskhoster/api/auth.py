@@ -11,7 +11,7 @@ from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
-from ..asgi import ON_LOOP
+from ..asgi import is_on_loop
 from ..keys import Principal, authenticate, parse_authorization, secret_hash
 
 
@@ -19,7 +19,7 @@ from ..keys import Principal, authenticate, parse_authorization, secret_hash
 class UncheckedKey:
     """A key not looked up yet. On the event loop (``taskhoster.asgi.ON_LOOP``) nothing may
     wait for the database: a view there leaves the lookup to the engine's group
-    (``checked_by_engine``), and any other use of the caller answers in a thread."""
+    (``key_for_post``), and any other use of the caller answers in a thread."""
 
     key_hash: str
     is_authenticated = True
@@ -33,7 +33,7 @@ class KeyAuthentication(BaseAuthentication):
         secret = parse_authorization(header)
         if secret is None:
             raise exceptions.AuthenticationFailed("expected 'Authorization: Token <key>'")
-        if getattr(request._request, ON_LOOP, False):
+        if is_on_loop(request):
             found = secret_hash(secret)
             if found is None:
                 raise exceptions.AuthenticationFailed("invalid or revoked key")
@@ -74,14 +74,14 @@ def principal_of(request: Request) -> Principal:
     return user
 
 
-def checked_by_engine(request: Request, scope: str, *, queue: str) -> str | None:
-    """For a view whose engine call checks the key itself (a post: ``ops.Post.key_hash``):
-    the key's hash on the event loop, for the engine to check; in a thread, None once
-    ``require`` has passed."""
+def key_for_post(request: Request, *, queue: str) -> str | None:
+    """A post's key: on the event loop its hash, for the engine's group to check as
+    ``require(request, "produce", queue=queue)`` would (``ops.Post.key_hash``); in a thread,
+    None once that ``require`` has passed."""
     user = request.user
     if isinstance(user, UncheckedKey):
         return user.key_hash
-    require(request, scope, queue=queue)
+    require(request, "produce", queue=queue)
     return None
 
 

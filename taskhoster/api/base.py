@@ -27,7 +27,7 @@ from rest_framework.response import Response
 from rest_framework.settings import DEFAULTS, IMPORT_STRINGS, APISettings
 from rest_framework.views import APIView
 
-from ..asgi import ON_LOOP, LaterResponse, RunInThread, RunInThreadError
+from ..asgi import LaterResponse, RunInThread, RunInThreadError, is_on_loop
 from ..errors import KeyRefused
 from .auth import HasKey, KeyAuthentication
 from .errors import exception_handler
@@ -118,7 +118,7 @@ class ApiView(APIView):
         return self._renderer, self._renderer.media_type
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        if on_loop(request) and (request.method or "").lower() not in self.loop_methods:
+        if is_on_loop(request) and (request.method or "").lower() not in self.loop_methods:
             raise RunInThreadError  # not answered on the loop (handle_exception says so)
         super().initial(request, *args, **kwargs)
 
@@ -127,16 +127,10 @@ class ApiView(APIView):
         """On the event loop, anything but the view's own answer is answered in a thread,
         from the start: there the key is checked first, as always, and every error is the
         one it has always been."""
-        if on_loop(self.request):
+        if is_on_loop(self.request):
             return RunInThread()
         response: HttpResponseBase = super().handle_exception(exc)
         return response
-
-
-def on_loop(request: Request | HttpRequest) -> bool:
-    """Whether the handler runs this request on its event loop (``taskhoster.asgi``)."""
-    plain = request._request if isinstance(request, Request) else request
-    return bool(getattr(plain, ON_LOOP, False))
 
 
 class EngineAnswer(LaterResponse):

@@ -20,7 +20,7 @@ from ..models import Item, Queue
 from ..status import Status
 from ..timeutil import to_wire
 from . import params as params_
-from .auth import checked_by_engine, require
+from .auth import key_for_post, require
 from .base import ApiView, EngineAnswer
 from .cursors import decode_cursor, encode_cursor
 from .schema import (
@@ -181,7 +181,7 @@ class QueueItemsView(ApiView):
         body=True,
     )
     def post(self, request: Request, queue: str) -> Response | EngineAnswer:
-        key_hash = checked_by_engine(request, "produce", queue=queue)
+        key_hash = key_for_post(request, queue=queue)
         engine.queues.validate_queue_name(queue)  # the group answers 404 for a missing one
         body = request.data
         batch = isinstance(body, dict) and "items" in body

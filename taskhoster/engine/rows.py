@@ -360,14 +360,11 @@ def update_rows(rows: Iterable[ItemRow]) -> None:
             row.dirty = set()
     with connection.cursor() as cursor:
         for columns, members in shapes.items():
-            if not _is_sqlite() and len(members) > 1:
+            if not _is_sqlite():
                 for chunk in _chunks(members):
                     _update_from_values(cursor, columns, chunk)
                 continue
-            assignments = ", ".join(
-                f'"{c}" = %s::jsonb' if c == "origin" and not _is_sqlite() else f'"{c}" = %s'
-                for c in columns
-            )
+            assignments = ", ".join(f'"{c}" = %s' for c in columns)
             cursor.executemany(
                 f"UPDATE {ITEM} SET {assignments} WHERE id = %s",
                 [[*(_value(row, c) for c in columns), row.id] for row in members],

@@ -1,0 +1,71 @@
+"""Writing rows back (``engine.rows.update_rows``), on whichever database the suite runs on:
+on PostgreSQL every set of changed columns goes in one ``UPDATE ... FROM (VALUES ...)``, its
+values cast to the columns' types; on SQLite, an ``executemany``. Either way each row reads
+back exactly as it was changed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from taskhoster import engine
+from taskhoster.engine import rows as sql
+
+pytestmark = pytest.mark.django_db
+
+
+def _posted(queue: str, n: int) -> list[str]:
+    posted = engine.post_items(
+        queue_name=queue, items=[engine.NewItem(payload=i) for i in range(n)]
+    )
+    return [p.row.id for p in posted]
+
+
+def test_rows_changed_in_one_shape_read_back_as_changed(make_queue: Any) -> None:
+    make_queue("q")
+    ids = _posted("q", 3)
+    at = datetime(2026, 12, 1, 10, 0, 0, 123456, tzinfo=UTC)
+    with transaction.atomic():
+        rows = sql.select_rows(ids, lock=True)
+        for n, item_id in enumerate(ids):
+            # One shape for all three: a column NULL in every row (a VALUES column of NULLs
+            # alone would be text), a time NULL in one row only, JSON, text and integers.
+            rows[item_id].set(
+                status="processing",
+                lease=None,
+                lease_expires_at=None if n == 0 else at + timedelta(seconds=n),
+                claimed_at=at,
+                origin={"n": n, "tags": ["a", "é"]},
+                error=f"e{n}",
+                attempts=n + 1,
+            )
+        sql.update_rows(rows.values())
+    again = sql.select_rows(ids, lock=False)
+    for n, item_id in enumerate(ids):
+        row = again[item_id]
+        assert row.status == "processing"
+        assert row.lease is None
+        assert row.lease_expires_at == (None if n == 0 else at + timedelta(seconds=n))
+        assert row.claimed_at == at
+        assert row.origin == {"n": n, "tags": ["a", "é"]}
+        assert (row.error, row.attempts) == (f"e{n}", n + 1)
+
+
+def test_rows_of_several_shapes_each_get_only_their_own_columns(make_queue: Any) -> None:
+    make_queue("q")
+    ids = _posted("q", 4)
+    with transaction.atomic():
+        rows = sql.select_rows(ids, lock=True)
+        before = {i: (r.error, r.attempts) for i, r in rows.items()}
+        rows[ids[0]].set(error="only this")
+        rows[ids[1]].set(attempts=7)
+        rows[ids[2]].set(error="both", attempts=9)
+        sql.update_rows(rows.values())
+    again = sql.select_rows(ids, lock=False)
+    assert (again[ids[0]].error, again[ids[0]].attempts) == ("only this", before[ids[0]][1])
+    assert (again[ids[1]].error, again[ids[1]].attempts) == (before[ids[1]][0], 7)
+    assert (again[ids[2]].error, again[ids[2]].attempts) == ("both", 9)
+    assert (again[ids[3]].error, again[ids[3]].attempts) == before[ids[3]]
