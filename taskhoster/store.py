@@ -505,6 +505,20 @@ class FileBatch:
                 raise StoreError(f"could not change item file: {exc}") from exc
         return False
 
+    def take(self, queue: str, item_id: str, src: State, dst: State) -> bool:
+        """Move the item's file from ``src`` to ``dst`` without a line, or nothing: False
+        when it is not in ``src``. A claim's guard: whoever renames the file out of
+        ``pending/`` has it, so a claim whose file has already left has lost (it never
+        looks for the file elsewhere, as ``change`` does for crash leftovers)."""
+        path = self.store.item_file(queue, src, item_id)
+        try:
+            self._change(path, self.store.item_file(queue, dst, item_id), None)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise StoreError(f"could not change item file: {exc}") from exc
+        return True
+
     def _change(self, path: str, target: str, patch: Record | None) -> None:
         if patch is not None:
             size = self.store.sys.append(path, encode_line(patch))

@@ -79,6 +79,10 @@ CLAIM_ROUNDS = 4
 QUEUE_LOCK_CLASS = 7331
 
 
+class ClaimedTwice(RuntimeError):
+    """A claim met an item it had already taken: a bug, never an answer."""
+
+
 @dataclass(frozen=True, slots=True)
 class QueueInfo:
     """A queue's settings, in the order of ``rows.QUEUE_COLUMNS``."""
@@ -199,6 +203,8 @@ class Group:
         self.keys_seen: dict[tuple[int, str], ItemRow] = {}
         self.copies: list[tuple[ItemRow, Any]] = []
         self.vanished_in_claims: list[ItemRow] = []
+        self.claimed: set[str] = set()  # every row a claim of this group looked at
+        self.payloads: dict[str, Any] = {}  # of the keyed items made in this group
 
     # -- running ------------------------------------------------------------------------
 
@@ -206,29 +212,16 @@ class Group:
         """Run every operation in one transaction; the caller answers afterwards."""
         try:
             with transaction.atomic():
-                self._check_keys()
-                self._load()
-                for op in self.ops:
-                    if isinstance(op, ItemOp):
-                        self._answer(op, self._item_op, op)
-                self._dead_letters()
-                for op in self.ops:
-                    if isinstance(op, Post) and id(op) not in self.answers:
-                        self._answer(op, self._post, op)
-                crash_point("group.after_files", group_size=len(self.ops))
-                sql.update_rows(r for r in self.rows.values() if r.id not in self.removed)
-                sql.insert_rows(self.created)
-                sql.delete_rows(list(self.removed))
-                self._settle_threads()
-                claims = [op for op in self.ops if isinstance(op, Claim)]
-                if claims:
-                    self._claims(claims)
-                sql.add_counts(dict(self.counts), self.shard)
-                self.files.apply_unlinks()
-                crash_point("group.before_commit", group_size=len(self.ops))
-                transaction.on_commit(self._announce)
+                try:
+                    self._run_in_transaction()
+                except BaseException:
+                    # Undo the files while the transaction still holds its locks: once they
+                    # are released another group may change these items, and a rename undone
+                    # after that would undo its change instead.
+                    self.files.rollback()
+                    raise
         except BaseException:
-            self.files.rollback()
+            self.files.rollback()  # the commit itself failed (nothing left to undo otherwise)
             raise
         crash_point("group.after_commit", group_size=len(self.ops))
         if any(isinstance(op, Post) for op in self.ops):
@@ -238,9 +231,32 @@ class Group:
         if any(isinstance(op, Result) for op in self.ops):
             crash_point("result.after_commit")
 
+    def _run_in_transaction(self) -> None:
+        self._check_keys()
+        self._load()
+        for op in self.ops:
+            if isinstance(op, ItemOp):
+                self._answer(op, self._item_op, op)
+        self._dead_letters()
+        for op in self.ops:
+            if isinstance(op, Post) and id(op) not in self.answers:
+                self._answer(op, self._post, op)
+        crash_point("group.after_files", group_size=len(self.ops))
+        sql.update_rows(r for r in self.rows.values() if r.id not in self.removed)
+        sql.insert_rows(self.created)
+        sql.delete_rows(list(self.removed))
+        self._settle_threads()
+        claims = [op for op in self.ops if isinstance(op, Claim)]
+        if claims:
+            self._claims(claims)
+        sql.add_counts(dict(self.counts), self.shard)
+        self.files.apply_unlinks()
+        crash_point("group.before_commit", group_size=len(self.ops))
+        transaction.on_commit(self._announce)
+
     def _answer(self, op: Op, fn: Any, *args: Any) -> None:
         try:
-            self.answers[id(op)] = (True, fn(*args))
+            self.answers[id(op)] = (True, _as_of_now(fn(*args)))
         except TaskhosterError as exc:
             self.answers[id(op)] = (False, exc)
 
@@ -735,6 +751,7 @@ class Group:
         copy.queue_name = dlq.name
         copy.eligible = True
         self.keys_seen[(dlq.id, key)] = copy
+        self.payloads[copy.id] = record.get("payload")
         self.copies.append((copy, record.get("payload")))
         return copy.id
 
@@ -801,6 +818,7 @@ class Group:
             posted = Posted(row=row, payload=item.payload, created=True)
             if key is not None:
                 made_here[key] = posted
+                self.payloads[row.id] = item.payload
                 self.keys_seen[(queue.id, key)] = row
             if row.thread_id is None:
                 self.news.append(("claimable", queue.name, ""))
@@ -814,9 +832,10 @@ class Group:
         return answers
 
     def _payload_and_result(self, queue: QueueInfo, row: ItemRow) -> tuple[Any, Any]:
-        """A repeated key's item as a read shows it: both live in its file, read once."""
-        if row in self.created:
-            return None, None
+        """A repeated key's item as a read shows it: both live in its file, read once (an
+        item made earlier in this group has no result yet, and its payload is at hand)."""
+        if row.id in self.payloads:
+            return self.payloads[row.id], None
         try:
             record = self.store.read_any(queue.name, row.id, Status(row.status).state)[1]
         except TaskhosterError:
@@ -902,14 +921,23 @@ class Group:
     def _claim_queue(self, queue: QueueInfo, want: int) -> list[Claimed]:
         expires = self.at + _secs(queue.lease_seconds)
         taken: list[Claimed] = []
-        passed: list[str] = []
+        # Every row this claim has looked at, taken or not. A later round's query must not
+        # see them again: the rows it took are written only after the loop, so the index
+        # still calls them eligible (on PostgreSQL SKIP LOCKED does not skip our own locks).
+        seen: list[str] = []
         changed: list[ItemRow] = []
         for _round in range(CLAIM_ROUNDS):
             need = want - len(taken)
             if need <= 0:
                 break
-            candidates = sql.claim_candidates(queue.id, self.at, need, passed)
+            candidates = sql.claim_candidates(queue.id, self.at, need, seen)
             for row in candidates:
+                if row.id in self.claimed:
+                    # Never two leases for one item: the group fails, loudly, and nothing
+                    # of it is written.
+                    raise ClaimedTwice(f"claim: item {row.id} was found twice in one group")
+                self.claimed.add(row.id)
+                seen.append(row.id)
                 row.queue_name = queue.name
                 thread = None
                 if row.thread_id is not None:
@@ -919,11 +947,9 @@ class Group:
                         or thread.processing_item is not None
                         or thread.head_item != row.id
                     ):
-                        passed.append(row.id)  # its thread is busy changing: not now
-                        continue
-                if not self.files.change(queue.name, row.id, State.PENDING, State.PROCESSING, None):
-                    self._vanished(row)
-                    self.vanished_in_claims.append(row)
+                        continue  # its thread is busy changing: not now
+                if not self.files.take(queue.name, row.id, State.PENDING, State.PROCESSING):
+                    self._lost_claim(queue, row)
                     continue
                 crash_point("claim.after_rename")
                 self._status(row, Status.PROCESSING)
@@ -959,6 +985,45 @@ class Group:
         self.counters[(queue.name, "claims")] += len(taken)
         return taken
 
+    def _lost_claim(self, queue: QueueInfo, row: ItemRow) -> None:
+        """A claim found the file of a claimable row gone from ``pending/``: it has lost,
+        and takes nothing. What is left is a crash's, never a live group's (this group holds
+        the row, and a group that fails undoes its files before it lets go):
+
+        - no file anywhere: a delete that crashed between its unlink and its commit; the
+          delete is finished here;
+        - in ``processing/`` at the row's ``rev``: a claim that renamed and died before its
+          commit (repair's row of the crash table); the file goes back to ``pending/`` and
+          the queue is announced, so the next claim takes it;
+        - anything else: the index is behind its files in a way only repair may judge
+          (``sweep --repair``); the row is passed over, and said so in the log.
+        """
+        where = self.store.locate(queue.name, row.id, State.PENDING)
+        if where is None:
+            self._vanished(row)
+            self.vanished_in_claims.append(row)
+            return
+        if where is State.PROCESSING:
+            try:
+                record = self.store.read(queue.name, State.PROCESSING, row.id)
+            except TaskhosterError:
+                record = {}
+            if record.get("rev") == row.rev and record.get("status") == Status.PENDING.value:
+                if self.files.take(queue.name, row.id, State.PROCESSING, State.PENDING):
+                    log.warning(
+                        "claim: item %s was left in processing/ by a claim that died "
+                        "before its commit; put back in pending/",
+                        row.id,
+                    )
+                    self.news.append(("claimable", queue.name, ""))
+                return
+        log.error(
+            "claim: item %s is claimable in the index, but its file is in %s/; passed over "
+            "(sweep --repair reconciles the index with the files)",
+            row.id,
+            where.value,
+        )
+
     def _claim_thread(self, queue: QueueInfo, thread_id: str) -> ThreadState | None:
         key = (queue.id, thread_id)
         if key in self.threads:
@@ -993,6 +1058,19 @@ class Group:
             metrics.count(queue, name, amount)
         for queue, seconds in self.latencies:
             metrics.observe_latency(queue, seconds)
+
+
+def _as_of_now(value: Any) -> Any:
+    """An operation's answer as the state stood right after it: the later operations of the
+    group change the same row objects (an extend followed by a result of the same item must
+    still answer with the lease it extended)."""
+    if isinstance(value, ItemRow):
+        return value.snapshot()
+    if isinstance(value, Verdict) and value.row is not None:
+        return Verdict(value.accepted, value.status, value.row.snapshot())
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], ItemRow):
+        return value[0], value[1].snapshot()
+    return value
 
 
 def _secs(value: float) -> timedelta:

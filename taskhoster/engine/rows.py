@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -100,6 +100,10 @@ class ItemRow:
     @property
     def is_terminal(self) -> bool:
         return Status(self.status).is_terminal
+
+    def snapshot(self) -> ItemRow:
+        """A copy as the row is now, for an answer that later changes must not reach."""
+        return replace(self, dirty=set())
 
 
 # -- values in and out -----------------------------------------------------------------------
