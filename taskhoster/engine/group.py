@@ -243,8 +243,8 @@ class Group:
                 self._answer(op, self._post, op)
         crash_point("group.after_files", group_size=len(self.ops))
         sql.update_rows(r for r in self.rows.values() if r.id not in self.removed)
+        sql.delete_rows(list(self.removed))  # before the inserts: a key may be taken again
         sql.insert_rows(self.created)
-        sql.delete_rows(list(self.removed))
         self._settle_threads()
         claims = [op for op in self.ops if isinstance(op, Claim)]
         if claims:
@@ -804,6 +804,10 @@ class Group:
                     answers.append(twin)
                     continue
                 known = self.keys_seen.get((queue.id, key)) or existing.get(key)
+                if known is not None:
+                    # As this group left it: an earlier operation of the group may have
+                    # finished it, or deleted it (then the key is free again).
+                    known = None if known.id in self.removed else self.rows.get(known.id, known)
                 if known is not None:
                     known.queue_name = queue.name
                     payload, result = self._payload_and_result(queue, known)
