@@ -19,6 +19,7 @@ never correctness.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import hashlib
@@ -65,11 +66,23 @@ def _decode(data: bytes) -> list[News] | None:
 # -- publishing -----------------------------------------------------------------------------
 
 
+_sending: socket.socket | None = None
+
+
+def _sending_socket() -> socket.socket:
+    """The one socket this process rings every doorbell with (a datagram names its
+    destination), closed at exit."""
+    global _sending
+    if _sending is None:
+        _sending = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        _sending.setblocking(False)
+        atexit.register(_sending.close)
+    return _sending
+
+
 class _Doorbell:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.setblocking(False)
         self.names: list[str] = []
         self.seen_mtime: float | None = None
         self.lock = threading.Lock()
@@ -90,9 +103,10 @@ class _Doorbell:
     def publish(self, data: bytes) -> None:
         with self.lock:
             self._refresh()
+            sock = _sending_socket()
             for name in list(self.names):
                 try:
-                    self.sock.sendto(data, "\0" + _abstract_name(self.directory, name))
+                    sock.sendto(data, "\0" + _abstract_name(self.directory, name))
                 except (ConnectionRefusedError, FileNotFoundError):
                     with contextlib.suppress(OSError):
                         (self.directory / name).unlink()  # its process is gone

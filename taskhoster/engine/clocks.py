@@ -11,10 +11,13 @@ nothing to do.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
+from django.db import connection
 from django.db.models import Q, QuerySet
 
 from ..conf import get_conf
@@ -23,7 +26,9 @@ from ..models import Item, Queue
 from ..status import LIVE_STATUSES, TERMINAL_STATUSES, RetainFrom, Status
 from ..timeutil import now as utcnow
 from .common import seconds
+from .pacing import Pacer
 from .removal import reclaim_deleted_queues
+from .rows import ITEM, adapt_time
 from .transitions import apply_clock
 
 log = logging.getLogger(__name__)
@@ -52,8 +57,9 @@ class SweepReport:
         return text
 
 
-def _walk(queryset: QuerySet[Item], column: str, chunk: int) -> Iterator[list[str]]:
-    """Yield ids in (column, id) order, a chunk at a time, by keyset (never OFFSET)."""
+def _walk(queryset: QuerySet[Item], column: str, pacer: Pacer) -> Iterator[list[str]]:
+    """Yield ids in (column, id) order, a chunk at a time, by keyset (never OFFSET), in the
+    chunk sizes ``pacer`` gives."""
     last: tuple[datetime, str] | None = None
     while True:
         page = queryset
@@ -61,13 +67,29 @@ def _walk(queryset: QuerySet[Item], column: str, chunk: int) -> Iterator[list[st
             page = page.filter(
                 Q(**{f"{column}__gt": last[0]}) | Q(**{column: last[0], "id__gt": last[1]})
             )
-        rows = list(page.order_by(column, "id").values_list(column, "id")[:chunk])
+        size = pacer.size
+        rows = list(page.order_by(column, "id").values_list(column, "id")[:size])
         if not rows:
             return
         yield [r[1] for r in rows]
         last = rows[-1]
-        if len(rows) < chunk:
+        if len(rows) < size:
             return
+
+
+def _clock(
+    queryset: QuerySet[Item], column: str, clock: str, at: datetime, report: SweepReport
+) -> int:
+    """One clock over every item it applies to, paced: background work (``pacing``)."""
+    chunk = get_conf().sweep_chunk
+    pacer = Pacer(start=chunk, least=min(20, chunk), most=chunk)
+    changed = 0
+    for ids in _walk(queryset, column, pacer):
+        pacer.wait_for_turn()
+        started = time.perf_counter()
+        changed += _apply(ids, clock, at, report)
+        pacer.chunk_done(len(ids), time.perf_counter() - started)
+    return changed
 
 
 def _apply(ids: list[str], clock: str, at: datetime, report: SweepReport) -> int:
@@ -81,27 +103,62 @@ def _apply(ids: list[str], clock: str, at: datetime, report: SweepReport) -> int
         return 0
 
 
+def _literals(statuses: tuple[Status, ...]) -> str:
+    # Written out, as in the partial indexes' conditions, so that the planner uses them.
+    return ", ".join(f"'{s.value}'" for s in statuses)
+
+
+def _queues_with_work(queues: list[Queue], at: datetime) -> set[int]:
+    """The ids of the queues that have an item to time out or to delete at ``at``: one
+    query, an index probe or two per queue, so an idle queue costs a sweep next to nothing
+    (not two queries each)."""
+    probes: list[tuple[str, list[Any]]] = []
+    for queue in queues:
+        aged = adapt_time(at - seconds(queue.queue_seconds))
+        kept = adapt_time(at - seconds(queue.retain_seconds))
+        column = "finished_at" if queue.retain_from == RetainFrom.FINISHED else "fetched_at"
+        probes.append(
+            (
+                f"SELECT %s WHERE EXISTS (SELECT 1 FROM {ITEM} WHERE queue_id = %s AND status "
+                f"IN ({_literals(LIVE_STATUSES)}) AND posted_at <= %s) OR EXISTS (SELECT 1 "
+                f"FROM {ITEM} WHERE queue_id = %s AND status IN ({_literals(TERMINAL_STATUSES)})"
+                f" AND {column} <= %s)",
+                [queue.id, queue.id, aged, queue.id, kept],
+            )
+        )
+    found: set[int] = set()
+    with connection.cursor() as cursor:
+        for start in range(0, len(probes), 100):
+            part = probes[start : start + 100]
+            cursor.execute(
+                " UNION ALL ".join(sql for sql, _params in part),
+                [value for _sql, params in part for value in params],
+            )
+            found |= {int(row[0]) for row in cursor.fetchall()}
+    return found
+
+
 def sweep(*, at: datetime | None = None) -> SweepReport:
     at = at or utcnow()
-    chunk = get_conf().sweep_chunk
     report = SweepReport()
     lapsed = Item.objects.filter(status=Status.PROCESSING, lease_expires_at__lte=at)
-    for ids in _walk(lapsed, "lease_expires_at", chunk):
-        report.requeued += _apply(ids, "lapse", at, report)
-    for queue in Queue.objects.filter(deleting=False):
-        report.queues += 1
+    report.requeued += _clock(lapsed, "lease_expires_at", "lapse", at, report)
+    queues = list(Queue.objects.filter(deleting=False))
+    report.queues = len(queues)
+    due = _queues_with_work(queues, at)
+    for queue in queues:
+        if queue.id not in due:
+            continue
         aged = Item.objects.filter(
             queue=queue, status__in=LIVE_STATUSES, posted_at__lte=at - seconds(queue.queue_seconds)
         )
-        for ids in _walk(aged, "posted_at", chunk):
-            report.timed_out += _apply(ids, "timeout", at, report)
+        report.timed_out += _clock(aged, "posted_at", "timeout", at, report)
         column = "finished_at" if queue.retain_from == RetainFrom.FINISHED else "fetched_at"
         retained = Item.objects.filter(
             queue=queue,
             status__in=TERMINAL_STATUSES,
             **{f"{column}__lte": at - seconds(queue.retain_seconds)},
         )
-        for ids in _walk(retained, column, chunk):
-            report.retained += _apply(ids, "retain", at, report)
+        report.retained += _clock(retained, column, "retain", at, report)
     report.reclaimed += reclaim_deleted_queues()
     return report

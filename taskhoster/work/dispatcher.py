@@ -9,8 +9,15 @@ sockets and one new item cost one claim, not fifty; and a slot freed while a cla
 flight is claimed for at once, so it can join the next group commit. News arriving while
 every free slot is reserved marks the queue to be looked at once more afterwards.
 
-A claim that finds nothing arms a timer for the queue's next delayed item, and a backstop
-re-check runs every ``SOCKET_BACKSTOP_SECONDS`` in case a piece of news was lost.
+A claim that finds nothing arms a timer for the queue's next delayed item. In case a piece
+of news was lost, a backstop runs every ``SOCKET_BACKSTOP_SECONDS``: ONE query for all the
+queues that have a socket with a free slot, which says which of them have a due item now
+(those are claimed for) and when the others' next delayed item is due (timers). Idle costs
+that query and nothing else: no claim is made for a queue with nothing to take, so a
+thousand idle queues cost one indexed lookup each per backstop, not a claim each.
+
+Sockets are kept per queue (``serving``), so news for one queue looks at that queue's
+sockets only, however many queues and sockets the process serves.
 """
 
 from __future__ import annotations
@@ -31,7 +38,6 @@ from .. import bus, engine, events, metrics
 from ..conf import get_conf
 from ..errors import QueueNotFound
 from ..faults import fault
-from ..models import Item
 from ..osthread import name_os_thread
 
 log = logging.getLogger(__name__)
@@ -79,6 +85,9 @@ class Dispatcher:
         # Every open socket of the process (for /metrics); ``workers`` are those subscribed.
         self.sockets: weakref.WeakSet[Any] = weakref.WeakSet()
         self.workers: set[Worker] = set()
+        # The subscribed sockets of each queue, and the queues each socket was filed under.
+        self.serving: dict[str, set[Worker]] = {}
+        self.filed: dict[Worker, tuple[str, ...]] = {}
         self.claiming: dict[str, int] = {}  # claims in flight, per queue
         self.dirty: set[str] = set()
         self.timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
@@ -111,7 +120,8 @@ class Dispatcher:
             self.wake(queue)
         elif kind == engine.QUEUE_DELETED:
             # ``item_id`` carries the deleted queue's id: a queue of the same name made since
-            # is another queue, whose items stay.
+            # is another queue, whose items stay. (Every socket: one may hold items of a
+            # queue it has since subscribed away from.)
             for worker in list(self.workers):
                 for held_id, holding in list(worker.held.items()):
                     if str(holding.queue_id) == item_id:
@@ -136,13 +146,27 @@ class Dispatcher:
         self.unregister(socket)
 
     def register(self, worker: Worker) -> None:
+        """File a subscribed socket under its queues (again after a new ``subscribe``)."""
         if worker.closed:
             return
+        self._unfile(worker)
         self.workers.add(worker)
+        self.filed[worker] = tuple(worker.queues)
+        for queue in worker.queues:
+            self.serving.setdefault(queue, set()).add(worker)
         self.wake_worker(worker)
 
     def unregister(self, worker: Worker) -> None:
         self.workers.discard(worker)
+        self._unfile(worker)
+
+    def _unfile(self, worker: Worker) -> None:
+        for queue in self.filed.pop(worker, ()):
+            serving = self.serving.get(queue)
+            if serving is not None:
+                serving.discard(worker)
+                if not serving:
+                    del self.serving[queue]
 
     def wake_worker(self, worker: Worker) -> None:
         for queue in worker.queues:
@@ -152,7 +176,7 @@ class Dispatcher:
         """Claim for the free slots of this process's sockets on ``queue`` (not already
         reserved by a claim in flight). Claims do not wait for each other: each freed slot
         can join the very next group commit."""
-        serving = [w for w in self.workers if queue in w.queues]
+        serving = self.serving.get(queue, ())
         if not any(self._free(w) > 0 for w in serving):
             if self.claiming.get(queue) or any(w.reserved for w in serving):
                 # News while a claim is in flight (for this queue, or for another queue of
@@ -175,7 +199,7 @@ class Dispatcher:
         try:
             self.dirty.discard(queue)
             wanting = sorted(
-                (w for w in self.workers if queue in w.queues and self._free(w) > 0),
+                (w for w in self.serving.get(queue, ()) if self._free(w) > 0),
                 key=lambda w: w.last_served,
             )
             shares: dict[Worker, int] = {}
@@ -247,9 +271,11 @@ class Dispatcher:
     # -- delayed items and the backstop ----------------------------------------------------
 
     async def _arm_timer(self, queue: str) -> None:
-        due = await run_sync(_next_due, queue)
-        if due is None:
-            return
+        due = (await run_sync(engine.next_due, [queue])).get(queue)
+        if due is not None:
+            self._timer_for(queue, due)
+
+    def _timer_for(self, queue: str, due: datetime) -> None:
         # An item already due that the claim passed over (its thread was busy changing) is
         # looked at again shortly, not in a tight loop.
         delay = max(0.05, (due - datetime.now(UTC)).total_seconds() + 0.001)
@@ -268,9 +294,26 @@ class Dispatcher:
     async def _backstop(self) -> None:
         while True:
             await asyncio.sleep(get_conf().socket_backstop_seconds)
-            queues = {q for w in self.workers if self._free(w) > 0 for q in w.queues}
-            for queue in queues:
+            try:
+                await self.recheck()
+            except Exception as exc:
+                log.warning("the socket backstop could not look for work: %s", exc)
+
+    async def recheck(self) -> None:
+        """Look again, in one query, at every queue a socket has a free slot for: claim for
+        those with a due item, arm a timer for the others' next delayed item."""
+        queues = sorted(
+            q for q, serving in self.serving.items() if any(self._free(w) > 0 for w in serving)
+        )
+        if not queues:
+            return
+        due = await run_sync(engine.next_due, queues)
+        now = datetime.now(UTC)
+        for queue, at in due.items():
+            if at <= now:
                 self.wake(queue)
+            else:
+                self._timer_for(queue, at)
 
     # -- gauges for /metrics -------------------------------------------------------------
 
@@ -308,16 +351,6 @@ class Dispatcher:
             handle.cancel()
         with contextlib.suppress(Exception):
             self.listener.stop()
-
-
-def _next_due(queue: str) -> datetime | None:
-    value: datetime | None = (
-        Item.objects.filter(queue__name=queue, eligible=True)
-        .order_by("scheduled_at")
-        .values_list("scheduled_at", flat=True)
-        .first()
-    )
-    return value
 
 
 _dispatcher: Dispatcher | None = None
