@@ -29,7 +29,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,11 @@ UNLINK_LIST_SUFFIX = ".unlink"
 QUARANTINE = ".quarantine"
 
 Record = dict[str, Any]
+
+
+def _unpaced(chunk: Callable[[int], int]) -> int:
+    """Run ``chunk`` over everything at once (``reclaim_list`` without a pacer)."""
+    return chunk(1 << 62)
 
 
 class FileMissing(StoreError):
@@ -300,6 +305,23 @@ class StateStore:
         shutil.rmtree(path, ignore_errors=True)
         return removed
 
+    def unlink_trashed(self, path: Path, state: State, item_id: str) -> bool:
+        """Unlink one item's file in a trashed queue's directory (looked for in ``state``,
+        then the others); False if it was nowhere."""
+        if path.parent != self.trash_dir:
+            raise StoreError("not a trashed queue", code="invalid_path")
+        if not isinstance(item_id, str) or ID_PATTERN.fullmatch(item_id) is None:
+            raise StoreError(f"invalid item id {item_id!r}", code="invalid_id")
+        for where in (state, *(s for s in State if s is not state)):
+            try:
+                os.unlink(f"{path}/{where.value}/{item_id}{SUFFIX}")
+                return True
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise StoreError(f"could not remove item file: {exc}") from exc
+        return False
+
     def unlink_item(self, queue: str, item_id: str, first: State) -> str | None:
         """Unlink an item's file, looked for in ``first`` and then the other states (a crash
         may have left it ahead of its row); the directory it was in, or None if it was
@@ -360,7 +382,9 @@ class StateStore:
             for queue, _state, item_id in self._listed(path)
         }
 
-    def reclaim_list(self, path: Path) -> int:
+    def reclaim_list(
+        self, path: Path, *, pace: Callable[[Callable[[int], int]], int] | None = None
+    ) -> int:
         """Unlink every file a list names, make that durable, then remove the list; returns
         the files removed. Idempotent: a file already gone is skipped, so two reclaimers (or
         a crash half-way) do no harm."""
@@ -368,11 +392,21 @@ class StateStore:
             raise StoreError("not a list of files to remove", code="invalid_path")
         removed = 0
         directories: set[str] = set()
-        for queue, state, item_id in self._listed(path):
-            directory = self.unlink_item(queue, item_id, state)
-            if directory is not None:
-                directories.add(directory)
-                removed += 1
+        listed = self._listed(path)
+        done = 0
+
+        def chunk(size: int) -> int:
+            nonlocal removed, done
+            part = listed[done : done + size]
+            for queue, state, item_id in part:
+                directory = self.unlink_item(queue, item_id, state)
+                if directory is not None:
+                    directories.add(directory)
+                    removed += 1
+            done += len(part)
+            return len(part)
+
+        (pace or _unpaced)(chunk)
         # The unlinks reach the disk before the list that vouches for them goes.
         self.barrier(set(), directories or {str(self.trash_dir)})
         with contextlib.suppress(FileNotFoundError):

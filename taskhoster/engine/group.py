@@ -59,6 +59,7 @@ from .ops import (
     Op,
     Post,
     Posted,
+    Reclaim,
     Release,
     Requeue,
     Restart,
@@ -241,6 +242,8 @@ class Group:
         for op in self.ops:
             if isinstance(op, Post) and id(op) not in self.answers:
                 self._answer(op, self._post, op)
+            elif isinstance(op, Reclaim):
+                self._answer(op, self._reclaim, op)
         crash_point("group.after_files", group_size=len(self.ops))
         sql.update_rows(r for r in self.rows.values() if r.id not in self.removed)
         sql.delete_rows(list(self.removed))  # before the inserts: a key may be taken again
@@ -845,6 +848,17 @@ class Group:
         except TaskhosterError:
             return None, None
         return record.get("payload"), record.get("result")
+
+    def _reclaim(self, op: Reclaim) -> int:
+        """Rows of a deleted queue (its files went with its directory): gone, and counted."""
+        self._load_queues(ids=[op.queue_id])
+        queue = self.queues.get(op.queue_id)
+        if queue is None or not queue.deleting:
+            raise Conflict("only the items of a deleted queue are reclaimed", code="not_deleted")
+        gone = sql.delete_rows_of_queue(op.queue_id, op.ids)
+        for status in gone:
+            self.counts[(op.queue_id, status)] -= 1
+        return len(gone)
 
     # -- threads --------------------------------------------------------------------------
 

@@ -67,6 +67,8 @@ class Op:
     waiter: asyncio.Future[Any] | None = field(default=None, init=False, repr=False)
     # Its number on the way to and from a committer process (``engine.process``).
     wire_id: int | None = field(default=None, init=False, repr=False)
+    # When it was handed to this process's committer (time.monotonic), for admission.
+    submitted: float = field(default=0.0, init=False, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:
         """Sent to a committer process without what waits for it here."""
@@ -230,3 +232,16 @@ class MarkFetched(ItemOp):
 
     def item_ids(self) -> tuple[str, ...]:
         return (self.item_id,)
+
+
+@dataclass(eq=False)
+class Reclaim(Op):
+    """The rows ``ids`` of a deleted queue (``deleting``), whose files are already gone with
+    its directory: their rows and counts go. Answers how many rows went."""
+
+    queue_id: int
+    ids: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..osthread import name_os_thread
 from .common import store
+from .pacing import Pacer
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def _run() -> None:
     while True:
         path = _lists.get()
         try:
-            store().reclaim_list(path)
+            store().reclaim_list(path, pace=Pacer(start=200).run)
         except Exception:
             log.exception("could not reclaim %s; the sweep will finish it", path)
 
@@ -53,5 +54,5 @@ def leftovers(grace_seconds: float) -> int:
     st = store()
     removed = 0
     for path in st.unlink_lists(older_than=time.time() - grace_seconds):
-        removed += st.reclaim_list(path)
+        removed += st.reclaim_list(path, pace=Pacer(start=200).run)
     return removed

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 
 from django.db import connection, transaction
 
@@ -27,8 +28,11 @@ from ..models import Item, Queue, QueueCount, Thread
 from ..status import Status
 from ..store import StoreError, write_queue_settings
 from . import reclaim
+from .committer import execute
 from .common import store
 from .group import QUEUE_LOCK_CLASS
+from .ops import Reclaim
+from .pacing import Pacer
 from .queues import queue_settings
 from .transitions import delete_items, get_live_queue
 
@@ -40,21 +44,27 @@ RECLAIM_CHUNK = 5000
 
 
 def delete_by_status(*, queue_name: str, status: Status) -> int:
-    """Delete every item of the queue in ``status``, a chunk at a time."""
+    """Delete every item of the queue in ``status``, a paced chunk at a time (each chunk one
+    group operation: ``pacing``), so a million items go without one giant transaction and
+    without holding other queues' work behind them."""
     queue = get_live_queue(queue_name)
-    chunk = max(get_conf().sweep_chunk, 2000)
     deleted = 0
     after = ""
-    while True:
+
+    def chunk(size: int) -> int:
+        nonlocal deleted, after
         ids = list(
             Item.objects.filter(queue=queue, status=status, id__gt=after)
             .order_by("id")
-            .values_list("id", flat=True)[:chunk]
+            .values_list("id", flat=True)[:size]
         )
-        if not ids:
-            return deleted
-        deleted += delete_items(item_ids=ids, queue_name=queue_name)
-        after = ids[-1]
+        if ids:
+            deleted += delete_items(item_ids=ids, queue_name=queue_name)
+            after = ids[-1]
+        return len(ids)
+
+    Pacer(start=200, most=max(get_conf().sweep_chunk, 2000)).run(chunk)
+    return deleted
 
 
 def _trash_token(queue: Queue) -> str:
@@ -116,9 +126,12 @@ _reclaiming = threading.Lock()
 def reclaim_deleted_queues(*, wait: bool = True) -> int:
     """Remove the rows and files of every deleted queue; returns the items reclaimed.
 
-    Safe beside another reclaimer (a sweep in another process): each step is idempotent.
-    Within this process one runs at a time; without ``wait``, a call finding one under way
-    leaves the work to it.
+    Background work, paced (``pacing``): a chunk of rows at a time, its files unlinked and
+    then its rows deleted by an operation of the committer (so the rows go in a group, not
+    in a write transaction of their own that the committer would wait for). Safe beside
+    another reclaimer (a sweep in another process): each step is idempotent. Within this
+    process one runs at a time; without ``wait``, a call finding one under way leaves the
+    work to it.
     """
     if not _reclaiming.acquire(blocking=wait):
         return 0
@@ -127,18 +140,17 @@ def reclaim_deleted_queues(*, wait: bool = True) -> int:
         st = store()
         reclaim.leftovers(get_conf().repair_grace_seconds)
         for queue in Queue.objects.filter(deleting=True):
-            reclaimed += _reclaim_rows(queue)
             trash = st.trash_dir / f"{queue.name}.{_trash_token(queue)}"
-            if trash.exists():
-                st.remove_trash(trash)
-            elif (
-                st.queue_dir(queue.name).exists()
+            if (
+                not trash.exists()
+                and st.queue_dir(queue.name).exists()
                 and not Queue.objects.filter(name=queue.name, deleting=False).exists()
             ):
                 # A queue deleted before directories were moved aside: take it away now.
-                moved = st.move_queue_to_trash(queue.name, _trash_token(queue))
-                if moved is not None:
-                    st.remove_trash(moved)
+                trash = st.move_queue_to_trash(queue.name, _trash_token(queue)) or trash
+            reclaimed += _reclaim_items(queue, trash)
+            if trash.exists():
+                _remove_trash(trash)  # files no row named (a crash's leftovers)
             with transaction.atomic():
                 Thread.objects.filter(queue=queue).delete()
                 QueueCount.objects.filter(queue=queue).delete()
@@ -149,7 +161,7 @@ def reclaim_deleted_queues(*, wait: bool = True) -> int:
             token = entry.name.rsplit(".", 1)[-1]
             if token.isdigit() and int(token) not in live:
                 try:
-                    st.remove_trash(entry)
+                    _remove_trash(entry)
                 except StoreError as exc:
                     log.warning("could not remove %s: %s", entry, exc)
         return reclaimed
@@ -157,18 +169,29 @@ def reclaim_deleted_queues(*, wait: bool = True) -> int:
         _reclaiming.release()
 
 
-def _reclaim_rows(queue: Queue) -> int:
-    """Delete a deleted queue's rows, a chunk per transaction."""
-    total = 0
+def _reclaim_items(queue: Queue, trash: Path) -> int:
+    """Delete a deleted queue's items, a paced chunk at a time: the files (in its trash
+    directory, found by each row's status), then the rows and their counts."""
+    st = store()
     table = Item._meta.db_table
-    while True:
-        with transaction.atomic(), connection.cursor() as cursor:
+
+    def chunk(size: int) -> int:
+        with connection.cursor() as cursor:
             cursor.execute(
-                f"DELETE FROM {table} WHERE id IN "
-                f"(SELECT id FROM {table} WHERE queue_id = %s LIMIT %s)",
-                [queue.id, RECLAIM_CHUNK],
+                f"SELECT id, status FROM {table} WHERE queue_id = %s LIMIT %s", [queue.id, size]
             )
-            gone = cursor.rowcount
-        total += max(0, gone)
-        if gone < RECLAIM_CHUNK:
-            return total
+            found = cursor.fetchall()
+        if not found:
+            return 0
+        for item_id, status in found:
+            st.unlink_trashed(trash, Status(status).state, item_id)
+        execute(Reclaim(queue_id=queue.id, ids=tuple(item_id for item_id, _ in found)))
+        return len(found)
+
+    return Pacer(start=200, most=RECLAIM_CHUNK).run(chunk)
+
+
+def _remove_trash(path: Path) -> int:
+    """Remove a trashed directory's files, a paced chunk at a time, then the directory."""
+    st = store()
+    return Pacer(start=200, most=RECLAIM_CHUNK).run(lambda size: st.remove_trash(path, limit=size))

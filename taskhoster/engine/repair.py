@@ -43,6 +43,7 @@ from ..timeutil import now as utcnow
 from ..timeutil import parse_wire
 from . import reclaim
 from .common import store
+from .pacing import Pacer
 from .rows import first_pending_member
 
 log = logging.getLogger(__name__)
@@ -125,16 +126,32 @@ def _repair_queue(
     by_id: dict[str, list[FoundFile]] = defaultdict(list)
     for found_file in st.scan(queue.name):
         by_id[found_file.item_id].append(found_file)
-    for item_id, files in by_id.items():
-        if (queue.name, item_id) in doomed:
-            continue
-        try:
-            # a claim renames without rewriting: a rename changes ctime, not mtime
-            if max(max(s.st_mtime, s.st_ctime) for s in (f.path.stat() for f in files)) >= cutoff:
+    # Beside a live server this is background work: a paced chunk of files at a time.
+    pending = list(by_id.items())
+    done = 0
+
+    def chunk(size: int) -> int:
+        nonlocal done
+        part = pending[done : done + size]
+        done += len(part)
+        for item_id, files in part:
+            if (queue.name, item_id) in doomed:
                 continue
-        except OSError:
-            continue  # moved while we looked: in flight
-        _repair_item(queue, item_id, files, report)
+            try:
+                # a claim renames without rewriting: a rename changes ctime, not mtime
+                if max(max(s.st_mtime, s.st_ctime) for s in (f.path.stat() for f in files)) >= (
+                    cutoff
+                ):
+                    continue
+            except OSError:
+                continue  # moved while we looked: in flight
+            _repair_item(queue, item_id, files, report)
+        return len(part)
+
+    if grace > 0:
+        Pacer(start=200).run(chunk)
+    else:
+        chunk(len(pending))  # at start-up, before any server: as fast as it goes
     _drop_rows_without_files(queue, set(by_id), grace, report)
     report.threads_rebuilt += rebuild_threads(queue)
     recount(queue)

@@ -326,6 +326,27 @@ def select_queues(*, names: Sequence[str] = (), ids: Sequence[int] = ()) -> list
         return [(*row[:-1], bool(row[-1])) for row in cursor.fetchall()]
 
 
+def next_due(queue_names: Sequence[str]) -> dict[str, datetime]:
+    """For each live queue named that has a claimable item (due or delayed), the earliest
+    ``scheduledAt`` among them: one query, one probe of the claim index per queue (a queue
+    with nothing claimable is left out)."""
+    found: dict[str, datetime] = {}
+    with connection.cursor() as cursor:
+        for chunk in _chunks(list(queue_names)):
+            # ``eligible`` bare, as in the partial index's condition, so the planner uses it.
+            cursor.execute(
+                f"SELECT q.name, (SELECT i.scheduled_at FROM {ITEM} i WHERE i.eligible "
+                "AND i.queue_id = q.id ORDER BY i.scheduled_at, i.seq LIMIT 1) "
+                f"FROM {QUEUE} q WHERE q.name IN ({_placeholders(len(chunk))}) "
+                "AND NOT q.deleting",
+                list(chunk),
+            )
+            for name, at in cursor.fetchall():
+                if at is not None:
+                    found[name] = read_time(at)  # type: ignore[assignment]
+    return found
+
+
 def first_pending_member(queue_id: int, thread_id: str) -> str | None:
     with connection.cursor() as cursor:
         cursor.execute(
@@ -408,6 +429,20 @@ def delete_rows(ids: Sequence[str]) -> None:
             cursor.execute(
                 f"DELETE FROM {ITEM} WHERE id IN ({_placeholders(len(chunk))})", list(chunk)
             )
+
+
+def delete_rows_of_queue(queue_id: int, ids: Sequence[str]) -> list[str]:
+    """Delete the rows ``ids`` of one queue; the status of each row that went."""
+    gone: list[str] = []
+    with connection.cursor() as cursor:
+        for chunk in _chunks(list(ids)):
+            cursor.execute(
+                f"DELETE FROM {ITEM} WHERE queue_id = %s "
+                f"AND id IN ({_placeholders(len(chunk))}) RETURNING status",
+                [queue_id, *chunk],
+            )
+            gone += [status for (status,) in cursor.fetchall()]
+    return gone
 
 
 def set_eligible(item_id: str, eligible: bool, *, only_pending: bool = False) -> None:
