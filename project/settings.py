@@ -146,6 +146,12 @@ TASKHOSTER = {
     "MAX_PAYLOAD_BYTES": int(os.environ.get("TASKHOSTER_MAX_PAYLOAD_BYTES", 1024 * 1024)),
     "REDIS_URL": os.environ.get("REDIS_URL", ""),
     "SOCKET_BACKSTOP_SECONDS": float(os.environ.get("TASKHOSTER_SOCKET_BACKSTOP_SECONDS", 5)),
+    "BACKGROUND_SHARE": float(os.environ.get("TASKHOSTER_BACKGROUND_SHARE", 0.25)),
+    "ADMISSION_WAIT_SECONDS": float(os.environ.get("TASKHOSTER_ADMISSION_WAIT_SECONDS", 0.5)),
+    "ADMISSION_MAX_ITEMS": int(os.environ.get("TASKHOSTER_ADMISSION_MAX_ITEMS", 10_000)),
+    "MIN_FREE_BYTES": int(os.environ.get("TASKHOSTER_MIN_FREE_BYTES", 64 * 1024 * 1024)),
+    "MIN_FREE_INODES": int(os.environ.get("TASKHOSTER_MIN_FREE_INODES", 4096)),
+    "METRICS_PUBLIC": _env_flag("TASKHOSTER_METRICS_PUBLIC", False),
     # Declared by scripts/serve-many; the system checks refuse SQLite for several processes.
     "PROCESSES": int(os.environ.get("TASKHOSTER_PROCESSES") or 1),
 }

@@ -19,7 +19,7 @@ LINKS = (
     ("apiSchema", "The REST API: OpenAPI 3 schema", "api/schema"),
     ("asyncApi", "The /work socket: AsyncAPI 3 document", "api/asyncapi"),
     ("health", "Health: database, news bus, state root", "healthz"),
-    ("metrics", "Metrics: Prometheus text", "metrics"),
+    ("metrics", "Metrics: Prometheus text (needs a key)", "metrics"),
 )
 DOCS = "README.md and docs/ (architecture, deploy, performance) in the source tree"
 

@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import math
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -44,9 +46,13 @@ from django.core import signals
 from django.core.exceptions import DisallowedHost, RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.http.request import split_domain_port, validate_host
 from django.urls import Resolver404, get_resolver, set_script_prefix
 
+from . import health, identity
+from .engine import committer
 from .osthread import name_os_thread
 
 log = logging.getLogger(__name__)
@@ -121,18 +127,27 @@ def start() -> None:
     operation that needs them (a committer process takes a moment to start). Call it once
     Django is set up, in the ASGI module.
 
+    It also refuses a state root that another database indexes (``taskhoster.identity``), and
+    starts the health monitor that ``/healthz`` is answered from at once.
+
     Optional: without it the committer starts itself on first use, and the state root is made
     with the first queue (until then ``/healthz`` reports it missing).
     """
     from .conf import get_conf
-    from .engine import committer
 
     if committer.start_is_held():
         return  # the system checks are importing the ASGI module: nothing is started
     # A root that cannot be made is reported by /healthz, not raised here.
     with contextlib.suppress(OSError):
         get_conf().root.mkdir(parents=True, exist_ok=True)
+    if get_conf().root.is_dir():
+        try:
+            identity.check()  # a state root another database indexes: refuse to start
+        except DatabaseError as exc:
+            # The database is away: /healthz says so; the committer checks before it writes.
+            log.warning("could not compare the state root's identity with the index: %s", exc)
     committer.start()
+    health.monitor.start()  # /healthz from now on: at once, from its latest report
 
 
 def _media_type(line: bytes) -> bytes:
@@ -155,6 +170,57 @@ def skip_twisted_form_parsing() -> None:
     twisted_http._parseContentType = _media_type
 
 
+# What a request is to the handler (``OneHopASGIHandler._kind``).
+LOOP = "loop"
+HEALTH = "health"
+OVERLOADED_MESSAGE = (
+    "the server is overloaded: posts wait for work already accepted; try again after the "
+    "Retry-After seconds"
+)
+
+
+def _host_allowed_in(scope: dict[str, Any]) -> bool:
+    """Whether Django would allow this request's Host header (``ALLOWED_HOSTS``)."""
+    host = ""
+    for name, value in scope.get("headers", []):
+        if name == b"host":
+            host = value.decode("latin-1")
+            break
+    if not host:
+        server = scope.get("server")
+        host = f"{server[0]}:{server[1]}" if server else ""
+    domain, _port = split_domain_port(host)
+    allowed = list(settings.ALLOWED_HOSTS)
+    if settings.DEBUG and not allowed:
+        allowed = [".localhost", "127.0.0.1", "[::1]"]
+    return bool(domain) and validate_host(domain, allowed)
+
+
+async def _send_json(
+    send: Any,
+    status: int,
+    body: Any,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    *,
+    head: bool = False,
+) -> None:
+    content = json.dumps(body, separators=(",", ":")).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(content)).encode()),
+                (b"cache-control", b"no-store"),
+                (b"x-content-type-options", b"nosniff"),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": b"" if head else content})
+
+
 class OneHopASGIHandler(ASGIHandler):
     def __init__(self, *, size: int = 16) -> None:
         BaseHandler.__init__(self)
@@ -173,7 +239,7 @@ class OneHopASGIHandler(ASGIHandler):
             and not getattr(settings, "SESSION_SAVE_EVERY_REQUEST", False)
             and not getattr(settings, "CSRF_USE_SESSIONS", False)
         )
-        self.loop_paths: dict[str, bool] = {}
+        self.loop_paths: dict[str, str] = {}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -183,7 +249,19 @@ class OneHopASGIHandler(ASGIHandler):
         except RequestAborted:
             return
         try:
-            if self._runs_on_loop(scope):
+            kind = self._kind(scope)
+            if kind == HEALTH and await self._health_at_once(scope, send):
+                return
+            if kind == LOOP:
+                retry_after = committer.overloaded()
+                if retry_after is not None:
+                    await _send_json(
+                        send,
+                        503,
+                        {"error": {"code": "overloaded", "message": OVERLOADED_MESSAGE}},
+                        [(b"retry-after", f"{math.ceil(retry_after)}".encode())],
+                    )
+                    return
                 response = await self._respond_on_loop(scope, body_file)
                 if response is not None:
                     with contextlib.suppress(asyncio.CancelledError):  # the client went away
@@ -213,10 +291,9 @@ class OneHopASGIHandler(ASGIHandler):
             else:
                 self.free.append(executor)
 
-    def _runs_on_loop(self, scope: dict[str, Any]) -> bool:
-        """Whether the view of this request answers its method on the loop."""
-        if not self.loop_safe:
-            return False
+    def _kind(self, scope: dict[str, Any]) -> str:
+        """What this request is to the handler: ``LOOP`` (its view answers its method on
+        the loop), ``HEALTH`` (``/healthz``, answered from the health monitor), or ""."""
         method = str(scope.get("method", "")).lower()
         prefix = get_script_prefix(scope)  # as ASGIRequest finds its path_info
         path = f"{method} {prefix} {scope['path']}"
@@ -226,14 +303,30 @@ class OneHopASGIHandler(ASGIHandler):
             try:
                 match = get_resolver().resolve(path_info)
             except Resolver404:
-                known = False
+                known = ""
             else:
                 view = getattr(match.func, "view_class", None)
-                known = method in getattr(view, "loop_methods", ())
+                if self.loop_safe and method in getattr(view, "loop_methods", ()):
+                    known = LOOP
+                elif method in ("get", "head") and getattr(view, "health_check", False):
+                    known = HEALTH
+                else:
+                    known = ""
             if len(self.loop_paths) >= 10_000:  # one per queue and method: keep it bounded
                 self.loop_paths.clear()
             self.loop_paths[path] = known
         return known
+
+    async def _health_at_once(self, scope: dict[str, Any], send: Any) -> bool:
+        """Answer ``/healthz`` from the health monitor's latest report, on the loop, ahead of
+        every request queued for a thread or the committer. False (Django answers it) when
+        there is no fresh report yet, or the Host is not one Django would allow."""
+        found = health.monitor.current()
+        if found is None or not _host_allowed_in(scope):
+            return False
+        healthy, body = found
+        await _send_json(send, 200 if healthy else 503, body, head=scope.get("method") == "HEAD")
+        return True
 
     async def _respond_on_loop(
         self, scope: dict[str, Any], body_file: Any

@@ -40,6 +40,7 @@ class Setting:
     doc: str
     minimum: float | None = None
     above: bool = False
+    maximum: float | None = None
     choices: tuple[str, ...] = ()
     contract: bool = False
 
@@ -60,6 +61,8 @@ class Setting:
             ):
                 bound = "greater than" if self.above else "at least"
                 return "value", f"must be {bound} {self.minimum:g}"
+            if self.maximum is not None and value > self.maximum:
+                return "value", f"must be at most {self.maximum:g}"
         if kind == "path":
             if not isinstance(value, str | Path):
                 return "type", "must be a path (a string or a pathlib.Path)"
@@ -206,6 +209,76 @@ SETTINGS: tuple[Setting, ...] = (
         above=True,
     ),
     Setting(
+        "BACKGROUND_SHARE",
+        0.25,
+        "float",
+        "The largest share of the time background work (reclaiming a deleted queue, deletes "
+        "by status, retention of many items, unlinking behind them, repair beside a live "
+        "server) may take: after each chunk it rests in proportion. 1 runs it flat out.",
+        minimum=0,
+        above=True,
+        maximum=1,
+    ),
+    Setting(
+        "BACKGROUND_CHUNK_SECONDS",
+        0.02,
+        "float",
+        "About how long one chunk of background work may run: chunks are sized to it, so "
+        "foreground work waits at most about this long behind one.",
+        minimum=0,
+        above=True,
+    ),
+    Setting(
+        "ADMISSION_WAIT_SECONDS",
+        0.5,
+        "float",
+        "Overload: while the oldest operation waiting for this process's committer has waited "
+        "longer than this, new posts are refused at once (503 overloaded, with Retry-After) "
+        "rather than queued behind it.",
+        minimum=0,
+        above=True,
+    ),
+    Setting(
+        "ADMISSION_MAX_ITEMS",
+        10_000,
+        "int",
+        "Overload: while this many items or more (of posts, claims, results...) wait for "
+        "this process's committer, new posts are refused at once (503 overloaded).",
+        minimum=1,
+    ),
+    Setting(
+        "HEALTH_INTERVAL",
+        1.0,
+        "float",
+        "How often a server process makes its /healthz report (in a thread of its own; "
+        "/healthz answers at once with the latest).",
+        minimum=0,
+        above=True,
+    ),
+    Setting(
+        "MIN_FREE_BYTES",
+        64 * 1024 * 1024,
+        "int",
+        "Readiness: /healthz answers 503 while the state root's filesystem has less free "
+        "space than this (as an unprivileged process sees it).",
+        minimum=0,
+    ),
+    Setting(
+        "MIN_FREE_INODES",
+        4096,
+        "int",
+        "Readiness: /healthz answers 503 while the state root's filesystem has fewer free "
+        "inodes than this (each item is a file).",
+        minimum=0,
+    ),
+    Setting(
+        "METRICS_PUBLIC",
+        False,
+        "bool",
+        "Serve /metrics without a key. By default it needs a key of any scope (as GET "
+        "/api/queues), and shows only the queues a key limited to some may use.",
+    ),
+    Setting(
         "REDIS_URL",
         "",
         "url",
@@ -246,6 +319,14 @@ class Conf:
     repair_grace_seconds: float
     long_poll_interval: float
     socket_backstop_seconds: float
+    background_share: float
+    background_chunk_seconds: float
+    admission_wait_seconds: float
+    admission_max_items: int
+    health_interval: float
+    min_free_bytes: int
+    min_free_inodes: int
+    metrics_public: bool
     redis_url: str
     processes: int
     # Django's DATA_UPLOAD_MAX_MEMORY_SIZE: the largest REST request body (a batch rides in
@@ -300,6 +381,14 @@ def _read() -> Conf:
         repair_grace_seconds=float(merged["REPAIR_GRACE_SECONDS"]),
         long_poll_interval=float(merged["LONG_POLL_INTERVAL"]),
         socket_backstop_seconds=float(merged["SOCKET_BACKSTOP_SECONDS"]),
+        background_share=float(merged["BACKGROUND_SHARE"]),
+        background_chunk_seconds=float(merged["BACKGROUND_CHUNK_SECONDS"]),
+        admission_wait_seconds=float(merged["ADMISSION_WAIT_SECONDS"]),
+        admission_max_items=int(merged["ADMISSION_MAX_ITEMS"]),
+        health_interval=float(merged["HEALTH_INTERVAL"]),
+        min_free_bytes=int(merged["MIN_FREE_BYTES"]),
+        min_free_inodes=int(merged["MIN_FREE_INODES"]),
+        metrics_public=bool(merged["METRICS_PUBLIC"]),
         redis_url=str(merged["REDIS_URL"] or ""),
         processes=int(merged["PROCESSES"]),
         max_body_bytes=int(getattr(settings, "DATA_UPLOAD_MAX_MEMORY_SIZE", None) or 0)

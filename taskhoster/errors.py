@@ -84,6 +84,18 @@ class TooLarge(TaskhosterError):
     http_status = 413
 
 
+class Overloaded(TaskhosterError):
+    """The server is behind: it refuses new work at once rather than queue it (try again
+    after ``retry_after`` seconds, the ``Retry-After`` of the answer)."""
+
+    code = "overloaded"
+    http_status = 503
+
+    def __init__(self, message: str = "", *, code: str | None = None, retry_after: float = 1):
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+
 class StoreError(TaskhosterError):
     """The state directories could not be read or written."""
 

@@ -74,6 +74,17 @@ def fault(name: str) -> bool:
     return False
 
 
+# Tests: each group waits (at most 10 s) until this many operations are queued, so that a
+# crash point "inside a crowded group" always meets a crowd.
+GATHER = int(os.environ.get("TASKHOSTER_FAULT_GATHER") or 0)
+
+
+def slow_seconds() -> float:
+    """How long a fault that stalls (``committer.slow_group``) stalls:
+    ``TASKHOSTER_FAULT_SLOW_SECONDS``, 2 by default."""
+    return float(os.environ.get("TASKHOSTER_FAULT_SLOW_SECONDS") or 2)
+
+
 def raise_if_armed(name: str) -> None:
     if fault(name):
         raise InjectedFault(f"injected fault {name}")

@@ -1,14 +1,29 @@
 """What ``/healthz`` reports: which database, news bus, channel layer and state root this
-process uses, and whether each answers.
+process uses, and whether each answers; it is the process's readiness.
 
 With several server processes behind one address (or several hosts), a load balancer or an
 operator asks each process in turn; every part is named (a URL without its password, a
 path), so two processes that disagree about what they share show it at once.
+
+The state root is ready only while a write to it succeeds and its free space and free inodes
+(as an unprivileged process sees them) stay at or above ``MIN_FREE_BYTES`` and
+``MIN_FREE_INODES``: a disk that refuses writes refuses every post, so the process says so
+before a client learns it the hard way.
+
+A server answers ``/healthz`` at once, whatever its load: a ``Monitor`` thread of its own
+makes the report every ``HEALTH_INTERVAL`` and the server's handler serves the latest one
+without queueing behind the requests (``taskhoster.asgi``). A load balancer whose check
+timed out would take the server out exactly when it is busiest.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import threading
+import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -81,6 +96,33 @@ def channel_layer() -> dict[str, Any]:
     return {"backend": backend, "scope": "all processes" if shared else "this process"}
 
 
+def free_space(root: Path) -> tuple[int, int] | None:
+    """(free bytes, free inodes) of the filesystem holding ``root``, as an unprivileged
+    process may use them (what is reserved for root is not counted); None if unknown."""
+    try:
+        stat = os.statvfs(root)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize, stat.f_favail
+
+
+def _write_probe(root: Path) -> str | None:
+    """Write, flush and remove a small file in the state root: None, or why it failed."""
+    path = root / f".health.{os.getpid()}"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"ok\n")
+        finally:
+            os.close(fd)
+        os.unlink(path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return f"a write failed: {exc.strerror or exc}"
+    return None
+
+
 def state_root() -> dict[str, Any]:
     root = store().root  # resolved once, when the store was made
     answer: dict[str, Any] = {"path": str(root)}
@@ -88,11 +130,36 @@ def state_root() -> dict[str, Any]:
         answer["reachable"] = False
         answer["error"] = "missing: run manage.py bootstrap, or create it"
         return answer
+    conf = get_conf()
+    problems = []
     # access(2) also answers "no" on a read-only mount (EROFS).
-    answer["reachable"] = os.access(root, os.W_OK | os.X_OK)
-    if not answer["reachable"]:
-        answer["error"] = "not writable by this process"
+    if not os.access(root, os.W_OK | os.X_OK):
+        problems.append("not writable by this process")
+    else:
+        failed = _write_probe(root)
+        if failed:
+            problems.append(failed)
+    free = free_space(root)
+    if free is not None:
+        answer["freeBytes"], answer["freeInodes"] = free
+        if free[0] < conf.min_free_bytes:
+            problems.append(f"{free[0]} bytes free, below MIN_FREE_BYTES ({conf.min_free_bytes})")
+        if free[1] < conf.min_free_inodes:
+            problems.append(
+                f"{free[1]} inodes free, below MIN_FREE_INODES ({conf.min_free_inodes})"
+            )
+    answer["reachable"] = not problems
+    if problems:
+        answer["error"] = "; ".join(problems)
     return answer
+
+
+def committer_backlog() -> dict[str, Any]:
+    """What waits for this process's committer now: items, and the oldest one's wait."""
+    from .engine.committer import backlog
+
+    items, oldest = backlog()
+    return {"waitingItems": items, "oldestWaitSeconds": round(oldest, 3)}
 
 
 def report() -> tuple[bool, dict[str, Any]]:
@@ -109,5 +176,53 @@ def report() -> tuple[bool, dict[str, Any]]:
         "pid": os.getpid(),
         **parts,
         "channelLayer": channel_layer(),
+        "committer": committer_backlog(),
     }
     return healthy, body
+
+
+class Monitor:
+    """Keeps this process's report fresh in a thread of its own (``HEALTH_INTERVAL``), so
+    ``/healthz`` is answered at once from the latest, however busy the process is."""
+
+    def __init__(self) -> None:
+        self.latest: tuple[float, bool, dict[str, Any]] | None = None
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(
+                    target=self._run, name="taskhoster-health", daemon=True
+                )
+                self.thread.start()
+
+    def current(self) -> tuple[bool, dict[str, Any]] | None:
+        """The latest report if it is fresh (made within three intervals), else None; with
+        the committer's backlog as it is now."""
+        latest = self.latest
+        if latest is None or time.monotonic() - latest[0] > 3 * get_conf().health_interval:
+            return None
+        return latest[1], {**latest[2], "committer": committer_backlog()}
+
+    def _run(self) -> None:
+        from django.db import close_old_connections
+
+        from .osthread import name_os_thread
+
+        name_os_thread()
+        while True:
+            started = time.monotonic()
+            try:
+                healthy, body = report()
+                body["checkedAt"] = round(time.time(), 3)
+                self.latest = (time.monotonic(), healthy, body)
+                close_old_connections()
+            except Exception:
+                log.exception("the health monitor could not make its report")
+            time.sleep(max(0.05, get_conf().health_interval - (time.monotonic() - started)))
+
+
+log = logging.getLogger(__name__)
+monitor = Monitor()

@@ -12,15 +12,17 @@ is left out, so whichever process answers ``/metrics`` shows the same live pictu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 
 from django.db import transaction
-from django.db.models import F, Sum
+from django.db.models import Sum
 
 PROCESS = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -85,16 +87,9 @@ def maybe_flush(force: bool = False) -> None:
         batch = dict(_pending)
         _pending.clear()
         _last_flush = now
-    from .models import Counter
-
     try:
         with transaction.atomic():
-            for (queue, name), amount in batch.items():
-                updated = Counter.objects.filter(process=PROCESS, queue=queue, name=name).update(
-                    value=F("value") + amount
-                )
-                if not updated:
-                    Counter.objects.create(process=PROCESS, queue=queue, name=name, value=amount)
+            _upsert(batch, add=True)
     except Exception:
         with _lock:
             for key, amount in batch.items():
@@ -102,37 +97,58 @@ def maybe_flush(force: bool = False) -> None:
         raise
 
 
-def publish_gauges(values: dict[tuple[str, str], float]) -> None:
-    """Replace this process's gauges: ``{(queue or "", name): value}``."""
+def _upsert(values: dict[tuple[str, str], float], *, add: bool) -> None:
+    """Write this process's rows ``{(queue, name): value}`` in one statement: each value
+    added to its row (``add``) or put in its place; a missing row is made."""
+    from django.db import connection
     from django.utils import timezone
 
     from .models import Counter
 
-    at = timezone.now()
+    if not values:
+        return
+    table = Counter._meta.db_table
+    at = connection.ops.adapt_datetimefield_value(timezone.now())
+    new_value = f"{table}.value + excluded.value" if add else "excluded.value"
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"INSERT INTO {table} (process, queue, name, value, updated_at) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (process, queue, name) DO UPDATE "
+            f"SET value = {new_value}, updated_at = excluded.updated_at",
+            [(PROCESS, queue, name, value, at) for (queue, name), value in values.items()],
+        )
+
+
+def publish_gauges(values: dict[tuple[str, str], float]) -> None:
+    """Replace this process's gauges: ``{(queue or "", name): value}``."""
+    from .models import Counter
+
     with transaction.atomic():
-        stale = Counter.objects.filter(process=PROCESS, name__startswith=GAUGE_PREFIX)
-        for row in stale.values_list("queue", "name"):
-            if (row[0], row[1].removeprefix(GAUGE_PREFIX)) not in values:
-                Counter.objects.filter(process=PROCESS, queue=row[0], name=row[1]).delete()
-        for (queue, name), value in values.items():
-            updated = Counter.objects.filter(
-                process=PROCESS, queue=queue, name=GAUGE_PREFIX + name
-            ).update(value=value, updated_at=at)
-            if not updated:
-                Counter.objects.create(
-                    process=PROCESS, queue=queue, name=GAUGE_PREFIX + name, value=value
-                )
+        mine = Counter.objects.filter(process=PROCESS, name__startswith=GAUGE_PREFIX)
+        wanted = {(q, GAUGE_PREFIX + n) for q, n in values}
+        stale = [pk for pk, q, n in mine.values_list("id", "queue", "name") if (q, n) not in wanted]
+        if stale:
+            Counter.objects.filter(id__in=stale).delete()
+        _upsert({(q, GAUGE_PREFIX + n): v for (q, n), v in values.items()}, add=False)
 
 
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render() -> str:
+def render(may_see: Callable[[str], bool] | None = None) -> str:
+    """The Prometheus text of every live queue (those ``may_see`` allows, for a key limited
+    to some queues); a deleted queue's counters are left out."""
     from .models import Counter, Queue, QueueCount
     from .status import Status
 
     maybe_flush(force=True)
+    live = [
+        name
+        for name in Queue.objects.filter(deleting=False).values_list("name", flat=True)
+        if may_see is None or may_see(name)
+    ]
+    shown = set(live)
     lines: list[str] = []
     lines.append("# HELP taskhoster_items Items per queue and status.")
     lines.append("# TYPE taskhoster_items gauge")
@@ -143,7 +159,7 @@ def render() -> str:
         .values("queue__name", "status")
         .annotate(n=Sum("n"))
     }
-    for queue in Queue.objects.filter(deleting=False).values_list("name", flat=True):
+    for queue in live:
         for status in Status:
             n = counts.get((queue, status.value), 0)
             lines.append(f'taskhoster_items{{queue="{_escape(queue)}",status="{status}"}} {n}')
@@ -153,7 +169,7 @@ def render() -> str:
         .values("queue", "name")
         .annotate(total=Sum("value"))
     }
-    queues = sorted({q for q, _ in totals if q})
+    queues = sorted({q for q, _ in totals if q in shown})
     for name, help_text in GROUP_HELP.items():
         lines.append(f"# HELP taskhoster_{name}_total {help_text}")
         lines.append(f"# TYPE taskhoster_{name}_total counter")
@@ -180,8 +196,53 @@ def render() -> str:
             f"{totals.get((queue, 'latency_sum'), 0):g}"
         )
         lines.append(f'taskhoster_post_to_claim_seconds_count{{queue="{q}"}} {total:g}')
-    lines.extend(_render_gauges())
+    lines.extend(_render_gauges(shown))
+    lines.extend(_render_reclaim())
+    lines.extend(_render_state_root())
     return "\n".join(lines) + "\n"
+
+
+def _render_reclaim() -> list[str]:
+    """What background work still has to remove: the items of deleted queues not reclaimed
+    yet (their counts are kept as their rows go), and the files named by lists of deferred
+    unlinks (deletes by status, retention of many)."""
+    from .engine.common import store
+    from .models import QueueCount
+
+    rows = QueueCount.objects.filter(queue__deleting=True).aggregate(n=Sum("n"))["n"] or 0
+    listed = 0
+    for path in store().unlink_lists():
+        with contextlib.suppress(OSError), open(path, "rb") as handle:
+            listed += sum(1 for _line in handle)
+    return [
+        "# HELP taskhoster_reclaim_items Items of deleted queues still to be reclaimed "
+        "(rows and files), behind the delete's answer.",
+        "# TYPE taskhoster_reclaim_items gauge",
+        f"taskhoster_reclaim_items {int(rows)}",
+        "# HELP taskhoster_reclaim_files Files of deleted items still to be unlinked, behind "
+        "the delete's answer.",
+        "# TYPE taskhoster_reclaim_files gauge",
+        f"taskhoster_reclaim_files {listed}",
+    ]
+
+
+def _render_state_root() -> list[str]:
+    """Free space and inodes of the state root's filesystem (readiness: ``/healthz``)."""
+    from .engine.common import store
+    from .health import free_space
+
+    free = free_space(store().root)
+    if free is None:
+        return []
+    return [
+        "# HELP taskhoster_state_root_free_bytes Free space of the state root's filesystem "
+        "(what an unprivileged process may use).",
+        "# TYPE taskhoster_state_root_free_bytes gauge",
+        f"taskhoster_state_root_free_bytes {free[0]}",
+        "# HELP taskhoster_state_root_free_inodes Free inodes of the state root's filesystem.",
+        "# TYPE taskhoster_state_root_free_inodes gauge",
+        f"taskhoster_state_root_free_inodes {free[1]}",
+    ]
 
 
 GAUGE_HELP = {
@@ -190,7 +251,7 @@ GAUGE_HELP = {
 }
 
 
-def _render_gauges() -> list[str]:
+def _render_gauges(shown: set[str]) -> list[str]:
     from datetime import timedelta
 
     from django.utils import timezone
@@ -207,6 +268,8 @@ def _render_gauges() -> list[str]:
         lines.append(f"# HELP taskhoster_{name} {help_text}")
         lines.append(f"# TYPE taskhoster_{name} gauge")
         for process, queue, value in sorted(by_name.get(name, [])):
+            if queue and queue not in shown:
+                continue
             labels = f'process="{_escape(process)}"'
             if queue:
                 labels += f',queue="{_escape(queue)}"'

@@ -231,3 +231,15 @@ class Counter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}:{self.name}@{self.process}"
+
+
+class Installation(models.Model):
+    """The index's identity: one row, made with the first server start, and written into
+    the state root too (``<root>/.identity``), so that a server never serves a state root
+    that another database indexes (``taskhoster.identity``)."""
+
+    identity = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.identity

@@ -8,6 +8,7 @@ content type or method are replaced here); the codes stay the ones the schema li
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from django.core.exceptions import (
@@ -23,7 +24,7 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from ..errors import TaskhosterError
+from ..errors import Overloaded, TaskhosterError
 from .parsers import BadJSON
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,12 @@ def _code(exc: exceptions.APIException) -> str:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, Overloaded):
+        return Response(
+            error_body(exc.code, exc.message),
+            status=exc.http_status,
+            headers={"Retry-After": f"{math.ceil(exc.retry_after)}"},
+        )
     if isinstance(exc, TaskhosterError):
         return Response(error_body(exc.code, exc.message), status=exc.http_status)
     if isinstance(exc, RequestDataTooBig):

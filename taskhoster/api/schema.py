@@ -111,7 +111,8 @@ ERROR_TEXT = {
     409: "Conflict with the item's or queue's state",
     413: "Too large",
     415: "Not JSON",
-    503: "The database did not answer; try again",
+    503: "Not now: the database did not answer, the state directories could not be written, "
+    "or the server is overloaded (Retry-After says when to try again)",
 }
 BODY_ERRORS = {
     400: ["bad_json", "invalid_body", "unknown_field", "missing_field"],
@@ -128,6 +129,11 @@ def _errors(codes: dict[int, list[str]]) -> dict[int, OpenApiResponse]:
             _ref("Error"), description=f"{text}. `error.code`: {', '.join(sorted(set(names)))}."
         )
     return out
+
+
+def error_responses(codes: dict[int, list[str]]) -> dict[int, OpenApiResponse]:
+    """The documented error answers of these statuses and codes (for ``annotate``)."""
+    return _errors(codes)
 
 
 def merge_errors(*tables: dict[int, list[str]]) -> dict[int, list[str]]:

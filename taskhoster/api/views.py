@@ -24,11 +24,13 @@ from .auth import key_for_post, require
 from .base import ApiView, EngineAnswer
 from .cursors import decode_cursor, encode_cursor
 from .schema import (
+    AUTH_ERRORS,
     ITEM_ERRORS,
     QUEUE_ERRORS,
     annotate,
     cursor_param,
     documented,
+    error_responses,
     item_param,
     limit_param,
     merge_errors,
@@ -176,11 +178,13 @@ class QueueItemsView(ApiView):
                 400: ["invalid"],
                 409: ["busy", "scheduled_beyond_timeout"],
                 413: ["batch_too_large"],
+                503: ["overloaded"],
             },
         ),
         body=True,
     )
     def post(self, request: Request, queue: str) -> Response | EngineAnswer:
+        engine.admit_post()  # overloaded: 503 at once, before any other work
         key_hash = key_for_post(request, queue=queue)
         engine.queues.validate_queue_name(queue)  # the group answers 404 for a missing one
         body = request.data
@@ -385,6 +389,9 @@ class ExtendView(ApiView):
 class HealthView(ApiView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
+    # Under taskhoster.asgi's handler, answered at once from the health monitor's latest
+    # report (taskhoster.health), never behind other requests.
+    health_check = True
 
     @documented(
         "health",
@@ -400,19 +407,29 @@ class HealthView(ApiView):
 
 
 class MetricsView(ApiView):
-    authentication_classes: list[type] = []
+    """Prometheus metrics. A key is needed, any scope, as for ``GET /api/queues`` (queue names
+    and counts are the operator's business); a key limited to some queues sees those. With
+    ``METRICS_PUBLIC`` no key is asked."""
+
     permission_classes = [AllowAny]
 
     @annotate(
         operation_id="metrics",
         tags=["service"],
         summary="Prometheus metrics",
+        description="Needs a valid key (of any scope); a key limited to some queues sees "
+        "those. A server with METRICS_PUBLIC serves it without one.",
         responses={
             (200, "text/plain"): OpenApiResponse(
                 OpenApiTypes.STR, description="Prometheus text format 0.0.4"
-            )
+            ),
+            **error_responses(AUTH_ERRORS),
         },
-        auth=[],
+        auth=[{"tokenAuth": []}],
+        extensions={"x-scopes": []},
     )
     def get(self, request: Request) -> HttpResponse:
-        return HttpResponse(metrics.render(), content_type="text/plain; version=0.0.4")
+        may_see = None
+        if not get_conf().metrics_public:
+            may_see = require(request).may_use
+        return HttpResponse(metrics.render(may_see), content_type="text/plain; version=0.0.4")

@@ -112,6 +112,35 @@ class Call(Generic[T]):
     gone_ok: bool = False
 
 
+#: The longest ``Retry-After`` the client waits for before a resend.
+MAX_RETRY_AFTER = 30.0
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The answer's ``Retry-After`` in seconds (a number of seconds; an HTTP date is not
+    sent by the server), at most ``MAX_RETRY_AFTER``; None without one."""
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    if seconds != seconds or seconds < 0:
+        return None
+    return min(seconds, MAX_RETRY_AFTER)
+
+
+def _refused_unseen(response: httpx.Response) -> bool:
+    """A 503 ``overloaded``: refused before the server did anything with the call."""
+    if response.status_code != 503:
+        return False
+    try:
+        return bool(response.json()["error"]["code"] == "overloaded")
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 class Attempt:
     """Decides, call by call, what to do with a failed send."""
 
@@ -132,15 +161,20 @@ class Attempt:
         ) from exc
 
     def on_answer(self, response: httpx.Response) -> float | None:
-        """Seconds to wait before resending this answer's call, or None to read it."""
-        if (
-            response.status_code in RETRY_STATUSES
-            and self.call.idempotent
-            and self.number < self.retries
-        ):
-            self.number += 1
-            return retry_delay(self.number - 1)
-        return None
+        """Seconds to wait before resending this answer's call, or None to read it.
+
+        A 502/503/504 is resent when resending is safe, after the server's ``Retry-After``
+        if it gave one (at most ``MAX_RETRY_AFTER``), else after a backoff. A 503
+        ``overloaded`` is always safe to resend: the server refused the call before doing
+        anything with it."""
+        if response.status_code not in RETRY_STATUSES or self.number >= self.retries:
+            return None
+        if not (self.call.idempotent or _refused_unseen(response)):
+            return None
+        self.number += 1
+        backoff = retry_delay(self.number - 1)
+        after = retry_after(response)
+        return backoff if after is None else max(after * random.uniform(1.0, 1.25), backoff)
 
     def read(self, response: httpx.Response) -> Any:
         """The parsed answer, or the typed error it carries."""

@@ -14,8 +14,9 @@ from .queues import queue_settings, upsert_queue
 from .reading import counts_by_queue, get_item, get_row, list_items, wait_for_verdict
 from .removal import QUEUE_DELETED, delete_by_status, delete_queue, reclaim_deleted_queues
 from .repair import RepairReport, rebuild_threads, repair
-from .rows import ItemRow, first_pending_member
+from .rows import ItemRow, first_pending_member, next_due
 from .transitions import (
+    admit_post,
     apply_clock,
     claim,
     claim_async,
@@ -54,6 +55,7 @@ __all__ = [
     "RepairReport",
     "SweepReport",
     "Verdict",
+    "admit_post",
     "apply_clock",
     "check_schedule",
     "claim",
@@ -76,6 +78,7 @@ __all__ = [
     "list_items",
     "mark_fetched",
     "new_items",
+    "next_due",
     "post_items",
     "post_items_soon",
     "queue_settings",

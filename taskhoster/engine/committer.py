@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import random
 import threading
@@ -33,18 +34,20 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, TypeVar
 
-from django.db import IntegrityError, OperationalError, connection
+from django.db import DatabaseError, IntegrityError, OperationalError, connection
 
-from .. import metrics
+from .. import identity, metrics
 from ..conf import get_conf
-from ..errors import TaskhosterError
+from ..errors import StoreError, TaskhosterError
+from ..faults import GATHER, fault, slow_seconds
 from ..osthread import name_os_thread
 from . import reclaim
 from .common import store
 from .group import Group
-from .ops import Claim, Extend, MarkFetched, Op, Release
+from .ops import Claim, Extend, MarkFetched, Op, Reclaim, Release
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -56,12 +59,37 @@ COUNT_SHARDS = 16
 
 
 # Operations answered at the commit: they need nothing durable (a claim may be repeated
-# after a crash: at-least-once; a lease extension or a first fetch only shortens a clock).
-ANSWERED_AT_COMMIT = (Claim, Extend, MarkFetched, Release)
+# after a crash: at-least-once; a lease extension or a first fetch only shortens a clock; the
+# rows of a deleted queue are reclaimed again if a crash brings them back).
+ANSWERED_AT_COMMIT = (Claim, Extend, MarkFetched, Release, Reclaim)
+
+
+_bound: set[Path] = set()  # state roots whose identity this process has checked
+
+
+def _refused_root() -> TaskhosterError | None:
+    """Before this process writes into a state root: is it this database's (``identity``)?
+    Checked once per process and root; a database that is away is checked again later."""
+    root = get_conf().root
+    if root in _bound or not root.is_dir():
+        return None
+    try:
+        identity.check()
+    except identity.StateRootTaken as exc:
+        return StoreError(str(exc))
+    except DatabaseError:
+        return None  # the group meets the same error, and says so
+    _bound.add(root)
+    return None
 
 
 def run_group(ops: list[Op], shard: int) -> None:
     """Run ``ops`` as one group and answer them; never raises."""
+    taken = _refused_root()
+    if taken is not None:
+        log.error("%s", taken.message)
+        _fail_all(ops, taken)
+        return
     for attempt in range(3):
         group = Group(ops, store(), shard)
         try:
@@ -178,6 +206,7 @@ class Committer:
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.queue: deque[Op] = deque()
+        self.queued_items = 0
         self.thread: threading.Thread | None = None
         self.pid = os.getpid()
         self.shard = random.randrange(COUNT_SHARDS)
@@ -189,8 +218,21 @@ class Committer:
                     target=self._loop, name="taskhoster-committer", daemon=True
                 )
                 self.thread.start()
+            op.submitted = time.monotonic()
             self.queue.append(op)
+            self.queued_items += op.size
             self.cond.notify()
+
+    def waiting(self) -> int:
+        """Operations handed in and not yet taken into a group."""
+        return len(self.queue)
+
+    def backlog(self) -> tuple[int, float]:
+        """(items waiting, seconds the oldest of them has waited) for a group to take them."""
+        with self.cond:
+            oldest = self.queue[0].submitted if self.queue else None
+            items = self.queued_items
+        return items, (time.monotonic() - oldest) if oldest is not None else 0.0
 
     def _take(self) -> list[Op] | None:
         with self.cond:
@@ -198,12 +240,17 @@ class Committer:
                 self.cond.wait(IDLE_SECONDS)
             if not self.queue:
                 return None
+            if GATHER:  # a test's crowd: wait for it
+                deadline = time.monotonic() + 10
+                while len(self.queue) < GATHER and (left := deadline - time.monotonic()) > 0:
+                    self.cond.wait(left)
             group: list[Op] = []
             size = 0
             while self.queue and (not group or size + self.queue[0].size <= MAX_GROUP_ITEMS):
                 op = self.queue.popleft()
                 group.append(op)
                 size += op.size
+            self.queued_items -= size
             return group
 
     def _loop(self) -> None:
@@ -225,6 +272,8 @@ class Committer:
                 continue
             idle = 0
             started = time.perf_counter()
+            if fault("committer.slow_group"):
+                time.sleep(slow_seconds())  # a test's stand-in for a disk that stalls
             try:
                 run_group(group, self.shard)
                 metrics.count_group(len(group), time.perf_counter() - started)
@@ -292,6 +341,37 @@ def start() -> None:
     with found.cond:
         if getattr(found, "proc", True) is None:
             found._start()
+
+
+def backlog() -> tuple[int, float]:
+    """(items waiting for this process's committer, seconds the oldest has waited)."""
+    found = _committer
+    if found is None or found.pid != os.getpid():
+        return 0, 0.0
+    items, age = found.backlog()
+    return int(items), float(age)
+
+
+def overloaded() -> float | None:
+    """Admission control for new posts: the seconds a client should wait before trying
+    again (``Retry-After``) when this process's committer is behind (the oldest operation
+    waiting for it has waited more than ``ADMISSION_WAIT_SECONDS``, or more than
+    ``ADMISSION_MAX_ITEMS`` items or more wait), else None. Refusing at once beats queueing for
+    seconds: a queue of waiting work is latency, for every client."""
+    items, age = backlog()
+    conf = get_conf()
+    if age > conf.admission_wait_seconds or items >= conf.admission_max_items:
+        return float(max(1, min(30, math.ceil(age))))
+    return None
+
+
+def foreground_waiting() -> bool:
+    """Whether this process's committer has operations waiting for it (background work lets
+    them go first: ``pacing``)."""
+    found = _committer
+    if found is None or found.pid != os.getpid():
+        return False
+    return bool(found.waiting())
 
 
 def execute(op: Op) -> Any:

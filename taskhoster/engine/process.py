@@ -35,6 +35,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -104,6 +105,7 @@ class ChildCommitter:
         self.cond = threading.Condition()
         self.write_lock = threading.Lock()
         self.pending: dict[int, Op] = {}
+        self.pending_items = 0
         self.next_id = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid = os.getpid()
@@ -116,12 +118,26 @@ class ChildCommitter:
             assert proc is not None
             assert proc.stdin is not None
             op.wire_id = self.next_id
+            op.submitted = time.monotonic()
             self.next_id += 1
             self.pending[op.wire_id] = op
+            self.pending_items += op.size
         data = _frame([(op.wire_id, op)])
         # If it died, its reader answers what it held, this one included.
         with self.write_lock, contextlib.suppress(OSError, ValueError):
             _write_all(proc.stdin.fileno(), data)
+
+    def waiting(self) -> int:
+        """Operations handed to the committer process and not yet answered."""
+        return len(self.pending)
+
+    def backlog(self) -> tuple[int, float]:
+        """(items handed to the committer process and not yet answered, seconds the oldest
+        of them has waited)."""
+        with self.cond:
+            oldest = next(iter(self.pending.values())).submitted if self.pending else None
+            items = self.pending_items
+        return items, (time.monotonic() - oldest) if oldest is not None else 0.0
 
     def _start(self) -> None:
         """Start the committer process from the thread that will read its answers.
@@ -173,6 +189,7 @@ class ChildCommitter:
                     if kind == "answers":
                         with self.cond:
                             outcomes = [(self.pending.pop(i), ok, v) for i, ok, v in body]
+                            self.pending_items -= sum(op.size for op, _ok, _v in outcomes)
                         committing.answer(outcomes)
                     elif kind == "news":
                         events.deliver(body)
@@ -184,6 +201,7 @@ class ChildCommitter:
             if self.proc is proc:
                 self.proc = None
             lost, self.pending = self.pending, {}
+            self.pending_items = 0
         with contextlib.suppress(OSError):
             proc.kill()
         proc.wait()
@@ -233,6 +251,7 @@ def run_child() -> None:
     committing.answer_hook = answers
     events.forward = lambda news: send("news", list(news))
     runner = committing.Committer()
+    committing._committer = runner  # this process's committer (``foreground_waiting``)
     while True:
         try:
             batches = reader.frames()

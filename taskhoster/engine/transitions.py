@@ -12,10 +12,10 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from ..errors import QueueNotFound
+from ..errors import Overloaded, QueueNotFound
 from ..models import Queue
 from ..timeutil import now as utcnow
-from .committer import execute, execute_async, submit_async
+from .committer import execute, execute_async, overloaded, submit_async
 from .group import WORKER_DISCONNECTED, prepare_post
 from .ops import (
     Claim,
@@ -44,6 +44,18 @@ def get_live_queue(name: str) -> Queue:
 
 
 # -- rule 1: post ---------------------------------------------------------------------------
+
+
+def admit_post() -> None:
+    """Refuse a new post at once (``Overloaded``: 503 with ``Retry-After``) while this
+    process's committer is behind (``committer.overloaded``)."""
+    retry_after = overloaded()
+    if retry_after is not None:
+        raise Overloaded(
+            "the server is overloaded: posts wait for work already accepted; try again "
+            f"in {retry_after:g} s",
+            retry_after=retry_after,
+        )
 
 
 def post_items(*, queue_name: str, items: list[NewItem]) -> list[Posted]:

@@ -969,7 +969,13 @@ def test_healthz_answers_200_without_a_key_and_names_what_this_process_uses(clie
     assert body["status"] == "ok"
     assert body["database"]["vendor"] == connection.vendor
     assert body["database"]["reachable"] is True
-    assert body["stateRoot"] == {"path": str(state_root.resolve()), "reachable": True}
+    root = body["stateRoot"]
+    assert {k: root[k] for k in ("path", "reachable")} == {
+        "path": str(state_root.resolve()),
+        "reachable": True,
+    }
+    assert root["freeBytes"] > 0
+    assert root["freeInodes"] > 0
     assert body["bus"]["reachable"] is True
     assert body["bus"]["kind"] == ("redis" if get_conf().redis_url else "doorbell")
     assert body["pid"] == os.getpid()
@@ -1013,7 +1019,7 @@ def _metric(text: str, name: str, **labels: str) -> float:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_metrics_count_items_per_queue_and_status_and_claims_and_results(api, make_queue, client):
+def test_metrics_count_items_per_queue_and_status_and_claims_and_results(api, make_queue):
     name = f"m-{uuid.uuid4().hex[:8]}"
     make_queue(name)
     for n in range(4):
@@ -1021,7 +1027,7 @@ def test_metrics_count_items_per_queue_and_status_and_claims_and_results(api, ma
     c1, c2, _c3 = claim(api, name, max=3)
     finish(api, c1["id"])
     kill(api, c2["id"], c2["lease"])
-    response = client.get("/metrics")
+    response = api.get("/metrics")
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")
     text = response.content.decode()
@@ -1031,10 +1037,35 @@ def test_metrics_count_items_per_queue_and_status_and_claims_and_results(api, ma
     assert _metric(text, "taskhoster_results_total", queue=name) == 1
     assert f'taskhoster_post_to_claim_seconds_count{{queue="{name}"}} 3' in text
     claim_one(api, name)
-    text = client.get("/metrics").content.decode()
+    text = api.get("/metrics").content.decode()
     assert _metric(text, "taskhoster_claims_total", queue=name) == 4
     assert _metric(text, "taskhoster_items", queue=name, status="pending") == 0
     assert _metric(text, "taskhoster_items", queue=name, status="processing") == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_metrics_need_a_key_and_show_a_limited_key_only_its_live_queues(
+    api, make_queue, make_key, client, settings
+):
+    make_queue("mine")
+    make_queue("theirs")
+    make_queue("gone")
+    post(api, "mine", payload=1)
+    post(api, "gone", payload=1)
+    api.delete("/api/queues/gone")
+    answer = client.get("/metrics")
+    assert answer.status_code == 401
+    assert answer.json()["error"]["code"] == "unauthorized"
+    limited = APIClient()
+    limited.credentials(HTTP_AUTHORIZATION=f"Token {make_key('produce', queues=['mine'])}")
+    text = limited.get("/metrics").content.decode()
+    assert 'queue="mine"' in text
+    assert 'queue="theirs"' not in text
+    everything = api.get("/metrics").content.decode()
+    assert 'queue="theirs"' in everything
+    assert 'queue="gone"' not in everything, "a deleted queue's name is not shown"
+    settings.TASKHOSTER = {**settings.TASKHOSTER, "METRICS_PUBLIC": True}
+    assert client.get("/metrics").status_code == 200
 
 
 def test_state_root_holds_one_directory_per_state(api, q, state_root: Path):

@@ -475,7 +475,11 @@ def test_sigkill_inside_a_crowded_group_loses_nothing_acknowledged(
     assert len(held) >= 6
     normal.stop()
 
-    server = server_factory(TASKHOSTER_CRASH_AT=point, TASKHOSTER_CRASH_MIN_OPS="4")
+    # The committer waits for a crowd of 8 before its first group (the crowd is 20 or more
+    # requests at once), so the crash point always meets a group of 4 or more.
+    server = server_factory(
+        TASKHOSTER_CRASH_AT=point, TASKHOSTER_CRASH_MIN_OPS="4", TASKHOSTER_FAULT_GATHER="8"
+    )
     key = make_key()
     acked = _crowd(server, key, held)
     assert server.proc.wait(20) == -signal.SIGKILL, "the server did not die inside a group"

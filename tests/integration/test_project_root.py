@@ -53,16 +53,21 @@ def test_root_answers_json_naming_the_server_and_linking_its_parts(client: Clien
 
 
 @pytest.mark.slow
-def test_every_link_of_the_root_answers_on_a_real_server(server_factory: Any) -> None:
+def test_every_link_of_the_root_answers_on_a_real_server(server_factory: Any, make_key) -> None:
     server = server_factory()
     links = httpx.get(f"{server.url}/", timeout=10).json()["links"]
     assert links["socket"] == f"ws://127.0.0.1:{server.port}/work"
+    key = {"Authorization": f"Token {make_key()}"}
     for name, url in links.items():
         if name == "socket":
             continue
         assert url.startswith(f"{server.url}/")
-        # The admin sends a visitor who is not logged in to its login page.
+        # The admin sends a visitor who is not logged in to its login page; /metrics needs a
+        # key (any scope).
         answer = httpx.get(url, timeout=10, follow_redirects=True)
+        if name == "metrics":
+            assert answer.status_code == 401
+            answer = httpx.get(url, timeout=10, headers=key)
         assert answer.status_code == 200, (name, answer.status_code)
         if name == "admin":
             assert urlsplit(str(answer.url)).path == "/admin/login/"

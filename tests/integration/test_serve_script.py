@@ -168,7 +168,9 @@ def test_a_signal_to_the_script_alone_stops_daphne_and_the_sweep(serve: Any, sig
     assert httpx.get(f"{run.url}/", timeout=5).json()["name"] == "Taskhoster"
 
     os.kill(run.proc.pid, signum)  # the script's pid only, as a supervisor does
-    assert run.proc.wait(15) == 0, run.log()
+    # The script promises to be done within its grace (TASKHOSTER_STOP_SECONDS, 20 s: then it
+    # kills what is left and still exits); on a loaded machine daphne may take much of it.
+    assert run.proc.wait(20 + 15) == 0, run.log()
     wait_until(
         lambda: not any(alive(pid) for pid in processes.values()),
         5,

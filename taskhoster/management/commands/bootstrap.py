@@ -14,8 +14,9 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from ... import identity
 from ...conf import get_conf
 from ...keys import create_key
 
@@ -28,13 +29,25 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         get_conf().root.mkdir(parents=True, exist_ok=True)  # /healthz reports it from the start
+        try:
+            identity.check()
+        except identity.StateRootTaken as exc:
+            raise CommandError(str(exc)) from None
         # VAR_DIR is our server's setting (project/settings.py); a host project has none.
         var = Path(getattr(settings, "VAR_DIR", "var"))
         path = Path(options["file"] or var / "credentials.json")
         user_model = get_user_model()
-        if path.exists() and user_model.objects.filter(username="admin").exists():
-            self.stdout.write(f"Credentials were created on first run; see {path}")
-            return
+        if path.exists():
+            if user_model.objects.filter(username="admin").exists():
+                self.stdout.write(f"Credentials were created on first run; see {path}")
+                return
+            # Never overwrite them: they are another database's (its password and key were
+            # shown only once).
+            raise CommandError(
+                f"{path} holds credentials, but this database has no admin user: they belong "
+                "to another database. Keep them; to make this database's own, pass --file "
+                "with another path (or set TASKHOSTER_VAR to a directory of its own)."
+            )
         password = secrets.token_urlsafe(12)
         user = user_model.objects.filter(username="admin").first()
         if user is None:

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 
-from ... import engine
+from ... import engine, identity
 from ...conf import get_conf
 
 
@@ -31,6 +31,12 @@ class Command(BaseCommand):
             help="first rebuild or correct the index from the state directories",
         )
         parser.add_argument(
+            "--adopt-state-root",
+            action="store_true",
+            help="with --repair: let this database index the state root even though another "
+            "database's index claimed it (to rebuild a lost index from the files)",
+        )
+        parser.add_argument(
             "--grace",
             type=float,
             default=None,
@@ -43,6 +49,13 @@ class Command(BaseCommand):
         every = options["every"]
         if every is not None and every <= 0:
             raise CommandError("--every must be a positive number of seconds")
+        if options["adopt_state_root"] and not options["repair"]:
+            raise CommandError("--adopt-state-root goes with --repair")
+        if get_conf().root.is_dir():
+            try:
+                identity.check(adopt=options["adopt_state_root"])
+            except identity.StateRootTaken as exc:
+                raise CommandError(str(exc)) from None
         if options["repair"]:
             grace = options["grace"]
             if grace is None:

@@ -1,0 +1,215 @@
+"""Overload and readiness, against a real daphne.
+
+- **Admission control**: while work already accepted waits for the committer, a new post is
+  refused at once (503 ``overloaded`` with ``Retry-After``) instead of queueing behind it; a
+  refused post changes nothing. The committer is made to stall on purpose (the fault
+  ``committer.slow_group``), and "at once" is proven by order, not by a clock: the refusal,
+  and ``/healthz``, are answered while the accepted post is still waiting.
+- **The Python client** resends a refused post after the server's ``Retry-After``, with the
+  same idempotency key, and the post lands once.
+- **Readiness**: ``/healthz`` answers 503 with the reason while the state root's free space
+  or inodes are below ``MIN_FREE_BYTES`` / ``MIN_FREE_INODES``, or while it refuses writes (a
+  real full filesystem: a small tmpfs), and ``/metrics`` exports its free space and inodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from taskhoster import engine
+from taskhoster.client import Producer
+from taskhoster.models import Item
+
+from ..conftest import Server
+
+pytestmark = pytest.mark.slow
+
+STALL = "5"  # seconds each group of the stalled committer sleeps
+
+
+@pytest.fixture
+def headers(make_key) -> dict[str, str]:
+    return {"Authorization": f"Token {make_key()}"}
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Background:
+    """A request sent from a thread of its own; ``answer`` once it is back."""
+
+    def __init__(self, send: Any) -> None:
+        self.answer: httpx.Response | None = None
+        self.thread = threading.Thread(target=self._run, args=(send,), daemon=True)
+        self.thread.start()
+
+    def _run(self, send: Any) -> None:
+        self.answer = send()
+
+    def join(self) -> httpx.Response:
+        self.thread.join(60)
+        assert self.answer is not None
+        return self.answer
+
+
+def test_posts_are_refused_at_once_while_accepted_work_waits_for_the_committer(
+    server_factory, headers
+):
+    engine.upsert_queue(name="q", body={})
+    server = server_factory(
+        TASKHOSTER_FAULT="committer.slow_group",
+        TASKHOSTER_FAULT_SLOW_SECONDS=STALL,
+        TASKHOSTER_ADMISSION_MAX_ITEMS="1",
+    )
+    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as http:
+        accepted = Background(
+            lambda: httpx.post(
+                f"{server.url}/api/queues/q/items",
+                json={"payload": "a"},
+                headers=headers,
+                timeout=60,
+            )
+        )
+
+        wait_for(
+            lambda: http.get("/healthz").json()["committer"]["waitingItems"] >= 1,
+            30,
+            "the first post to wait for the committer",
+        )
+        answer = http.post("/api/queues/q/items", json={"payload": "b", "key": "kb"})
+        health = http.get("/healthz")
+        assert accepted.answer is None, "the refusal came while the accepted post waited"
+        assert answer.json()["error"]["code"] == "overloaded"
+        assert int(answer.headers["Retry-After"]) >= 1
+        assert health.status_code == 200, "readiness is not load: the process answers"
+        assert health.json()["status"] == "ok"
+
+        assert accepted.join().status_code == 201
+    assert list(Item.objects.values_list("key", flat=True)) == [None], (
+        "the refused post left nothing"
+    )
+
+
+def test_the_client_resends_a_refused_post_after_retry_after_and_it_lands_once(
+    server_factory, headers
+):
+    engine.upsert_queue(name="q", body={})
+    server = server_factory(
+        TASKHOSTER_FAULT="committer.slow_group",
+        TASKHOSTER_FAULT_SLOW_SECONDS="2",
+        TASKHOSTER_ADMISSION_MAX_ITEMS="1",
+    )
+    key = headers["Authorization"].split()[1]
+    first = Background(
+        lambda: httpx.post(
+            f"{server.url}/api/queues/q/items", json={"payload": "a"}, headers=headers, timeout=60
+        )
+    )
+    wait_for(
+        lambda: httpx.get(f"{server.url}/healthz").json()["committer"]["waitingItems"] >= 1,
+        30,
+        "the first post to wait for the committer",
+    )
+    with Producer(server.url, key, retries=5, timeout=60) as producer:
+        item = producer.post("q", {"n": 1})  # refused at first: resent after Retry-After
+    assert first.join().status_code == 201
+    assert item.payload == {"n": 1}
+    mine = Item.objects.filter(key=item.key)
+    assert mine.count() == 1
+    assert item.key is not None
+    assert item.key.startswith("auto-"), "the client gave the post its idempotency key"
+
+
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ("TASKHOSTER_MIN_FREE_BYTES", "below MIN_FREE_BYTES"),
+        ("TASKHOSTER_MIN_FREE_INODES", "below MIN_FREE_INODES"),
+    ],
+)
+def test_healthz_is_not_ready_while_free_space_or_inodes_are_below_the_thresholds(
+    transactional_db, state_root, setting, says
+):
+    server = Server(state_root, **{setting: str(10**18)}).start(healthy=False)
+    try:
+        answer = httpx.get(f"{server.url}/healthz")
+        assert answer.status_code == 503
+        body = answer.json()
+        assert body["status"] == "unavailable"
+        assert body["stateRoot"]["reachable"] is False
+        assert says in body["stateRoot"]["error"]
+        assert body["stateRoot"]["freeBytes"] > 0
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def small_filesystem(path: Path, size: str) -> Any:
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},nr_inodes=4000", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_full_state_root_makes_healthz_say_why_and_posts_fail_cleanly(
+    tmp_path, transactional_db, make_key
+):
+    root = tmp_path / "small"
+    headers = {"Authorization": f"Token {make_key()}"}
+    with small_filesystem(root, "2m"):
+        server = Server(root, TASKHOSTER_MIN_FREE_BYTES="0", TASKHOSTER_MIN_FREE_INODES="0").start()
+        try:
+            with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:
+                assert http.put("/api/queues/q", json={}).status_code == 201
+                posted = []
+                for n in range(200):
+                    answer = http.post(
+                        "/api/queues/q/items", json={"payload": {"n": n, "pad": "x" * 20000}}
+                    )
+                    if answer.status_code != 201:
+                        assert answer.status_code == 503, answer.text
+                        assert answer.json()["error"]["code"] == "store_error"
+                        break
+                    posted.append(answer.json()["id"])
+                else:
+                    raise AssertionError("a 2 MiB filesystem took 4 MB of items")
+                assert posted
+
+                def not_ready() -> dict[str, Any] | None:
+                    answer = http.get("/healthz")
+                    return answer.json() if answer.status_code == 503 else None
+
+                body = wait_for(not_ready, 15, "/healthz to say the state root refuses writes")
+                assert "write failed" in body["stateRoot"]["error"]
+                metrics = http.get("/metrics").text
+                assert "taskhoster_state_root_free_bytes " in metrics
+                assert "taskhoster_state_root_free_inodes " in metrics
+                for item_id in posted:  # nothing acknowledged was lost
+                    assert http.get(f"/api/items/{item_id}").status_code == 200
+        finally:
+            server.stop()
+            os.sync()
