@@ -207,10 +207,10 @@ def _check(spec: Field, value: Any, name: str) -> Any:
         longest = resolve(spec.max_length)
         if longest is not None and len(value) > longest:
             if spec.too_large:
-                raise TooLarge(f"{name} holds at most {longest:g} entries", code=spec.too_large)
-            raise InvalidInput(f"{name} holds at most {longest:g} entries", code=spec.code)
+                raise TooLarge(f"{name} holds at most {entries(longest)}", code=spec.too_large)
+            raise InvalidInput(f"{name} holds at most {entries(longest)}", code=spec.code)
         if spec.min_length is not None and len(value) < spec.min_length:
-            raise InvalidInput(f"{name} needs at least {spec.min_length} entries", code=spec.code)
+            raise InvalidInput(f"{name} needs at least {entries(spec.min_length)}", code=spec.code)
         assert spec.item is not None
         item = spec.item
         if item.kind == "object":
@@ -221,6 +221,11 @@ def _check(spec: Field, value: Any, name: str) -> Any:
         assert spec.body is not None
         return validate(spec.body, value, where=f"{name}.")
     raise ValueError(f"unknown field kind {kind}")
+
+
+def entries(n: float) -> str:
+    """A count of list entries as a message says it: 1 entry, 1000 entries."""
+    return f"{n:g} entry" if n == 1 else f"{n:g} entries"
 
 
 def check(spec: Field, value: Any, name: str) -> Any:
