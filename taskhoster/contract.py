@@ -112,7 +112,8 @@ def validate(body: Body, data: Any, *, where: str = "") -> dict[str, Any]:
         )
     unknown = sorted(set(data) - body.names)
     if unknown:
-        raise InvalidInput(f"unknown field(s): {', '.join(unknown)}", code="unknown_field")
+        named = ", ".join(f"{where}{n}" for n in unknown)
+        raise InvalidInput(f"unknown field(s): {named}", code="unknown_field")
     values: dict[str, Any] = {}
     for spec in body.fields:
         name = f"{where}{spec.name}"
@@ -131,10 +132,12 @@ def validate(body: Body, data: Any, *, where: str = "") -> dict[str, Any]:
         values[spec.name] = _check(spec, value, name)
     for group in body.at_most_one_of:  # given at all, even as null (as the schemas say)
         if sum(n in values for n in group) > 1:
-            raise InvalidInput(f"give {' or '.join(group)}, not both", code="invalid")
+            named = " or ".join(f"{where}{n}" for n in group)
+            raise InvalidInput(f"give {named}, not both", code="invalid")
     for group in body.exactly_one_of:
         if sum(n in values for n in group) != 1:
-            raise InvalidInput(f"give either {' or '.join(group)}", code="invalid_body")
+            named = " or ".join(f"{where}{n}" for n in group)
+            raise InvalidInput(f"give either {named}", code="invalid_body")
     return values
 
 

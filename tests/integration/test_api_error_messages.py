@@ -84,6 +84,44 @@ CASES = [
         "invalid_body",
         "items[0] must be a JSON object",
     ),
+    # A bad member of a batch is named by its index, whatever is wrong with it.
+    Case(
+        "an unknown field in a batch member",
+        ITEMS,
+        b'{"items": [{"payload": 1}, {"payload": 2, "thread": "t"}]}',
+        JSON,
+        400,
+        "unknown_field",
+        "unknown field(s): items[1].thread",
+    ),
+    Case(
+        "a bad field in a batch member",
+        ITEMS,
+        b'{"items": [{"payload": 1}, {"payload": 2, "threadId": ""}]}',
+        JSON,
+        400,
+        "invalid",
+        "items[1].threadId must be 1-200 characters",
+    ),
+    Case(
+        "a batch member with both scheduledAt and delaySeconds",
+        ITEMS,
+        b'{"items": [{"payload": 1}, {"payload": 2, "delaySeconds": 5, '
+        b'"scheduledAt": "2030-01-01T00:00:00Z"}]}',
+        JSON,
+        400,
+        "invalid",
+        "give items[1].scheduledAt or items[1].delaySeconds, not both",
+    ),
+    Case(
+        "a batch member without a payload",
+        ITEMS,
+        b'{"items": [{"payload": 1}, {"key": "k"}]}',
+        JSON,
+        400,
+        "missing_field",
+        "items[1].payload is required",
+    ),
     # Counts of entries read as English, for one and for many.
     Case(
         "an empty batch",
@@ -345,6 +383,11 @@ FRAMES = [
         {"type": "subscribe", "queues": [], "capacity": 1},
         "invalid_queues",
         "subscribe.queues needs at least 1 entry",
+    ),
+    (
+        {"type": "result", "id": "x", "result": 1, "extra": True},
+        "unknown_field",
+        "unknown field(s): result.extra",
     ),
 ]
 
