@@ -12,8 +12,10 @@ capacity, subscription and bulk delete) are read from ``conf`` when they are use
 import time (``limit``). Those fixed by the wire format or the index's columns are the
 constants below; a project cannot change them.
 
-A refused value raises ``InvalidInput`` (400) naming the field, or ``TooLarge`` (413) for a
-payload, result or batch over its limit; unknown fields are refused, never ignored.
+A refused value raises ``InvalidInput`` (400) naming the field (a batch's member by its index,
+``items[3].threadId``), or ``TooLarge`` (413) for a payload, result or batch over its limit;
+unknown fields are refused, never ignored, and a post body mixing one item's fields with a
+batch's ``items`` is refused as that mix.
 """
 
 from __future__ import annotations
@@ -97,6 +99,11 @@ class Body:
     fields: tuple[Field, ...]
     at_most_one_of: tuple[tuple[str, ...], ...] = ()
     exactly_one_of: tuple[tuple[str, ...], ...] = ()
+    # The body this one stands instead of (a batch, of one item), and what to say of a body
+    # that mixes the two: a field of that one given here is refused as such a mix (400
+    # invalid_body), not as an unknown field.
+    instead_of: Body | None = None
+    mixed: str = ""
     description: str = ""
     names: frozenset[str] = field(init=False)
 
@@ -110,6 +117,14 @@ def validate(body: Body, data: Any, *, where: str = "") -> dict[str, Any]:
         raise InvalidInput(
             f"{where.rstrip('.') or 'the body'} must be a JSON object", code="invalid_body"
         )
+    if body.instead_of is not None:
+        others = [f.name for f in body.instead_of.fields if f.name in data]
+        if others:
+            own = [f.name for f in body.fields if f.name in data]
+            raise InvalidInput(
+                f"{body.mixed}: this one has {', '.join(own)} and {', '.join(others)}",
+                code="invalid_body",
+            )
     unknown = sorted(set(data) - body.names)
     if unknown:
         named = ", ".join(f"{where}{n}" for n in unknown)
@@ -369,6 +384,11 @@ POST_BATCH = Body(
             too_large="batch_too_large",
             description="Items to post, all or none.",
         ),
+    ),
+    instead_of=POST_ITEM,
+    mixed=(
+        "a post body is either one item "
+        f"({', '.join(f.name for f in POST_ITEM.fields)}) or a batch (items), not both"
     ),
     description="Several items to post at once, all or none.",
 )

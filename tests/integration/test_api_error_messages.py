@@ -84,6 +84,27 @@ CASES = [
         "invalid_body",
         "items[0] must be a JSON object",
     ),
+    # A post body is one item or a batch: a mix of the two is named as such.
+    Case(
+        "payload and items",
+        ITEMS,
+        b'{"payload": 1, "items": [{"payload": 2}]}',
+        JSON,
+        400,
+        "invalid_body",
+        "a post body is either one item (payload, threadId, scheduledAt, delaySeconds, key) or "
+        "a batch (items), not both: this one has items and payload",
+        exact=True,
+    ),
+    Case(
+        "a batch with an item's options beside items",
+        ITEMS,
+        b'{"items": [{"payload": 2}], "key": "k", "threadId": "t"}',
+        JSON,
+        400,
+        "invalid_body",
+        "or a batch (items), not both: this one has items and threadId, key",
+    ),
     # A bad member of a batch is named by its index, whatever is wrong with it.
     Case(
         "an unknown field in a batch member",
