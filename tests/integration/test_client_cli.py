@@ -15,9 +15,13 @@ import pytest
 
 from taskhoster.client import Producer
 
+from ..conftest import REPO
+
 pytestmark = pytest.mark.slow
 
 COMMAND = Path(sys.executable).with_name("taskhoster")
+# The command runs this checkout's code, wherever the package was installed from.
+CODE = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
 @pytest.fixture
@@ -46,6 +50,7 @@ def cli(server, key, tmp_path):
             **os.environ,
             "TASKHOSTER_URL": server.url,
             "TASKHOSTER_KEY": key,
+            **CODE,
             **(env or {}),
         }
         return subprocess.run(
@@ -161,7 +166,7 @@ def test_wait_exits_0_finished_1_failed_124_not_done_in_time(cli, producer, serv
 
 
 def _work(server, key, *args):
-    env = {**os.environ, "TASKHOSTER_URL": server.url, "TASKHOSTER_KEY": key}
+    env = {**os.environ, "TASKHOSTER_URL": server.url, "TASKHOSTER_KEY": key, **CODE}
     return subprocess.Popen(
         [str(COMMAND), "work", *args],
         env=env,
