@@ -73,6 +73,34 @@ def test_the_command_is_installed_with_the_package():
         assert word in done.stdout
 
 
+def test_work_help_shows_the_command_it_runs_after_a_double_dash():
+    done = subprocess.run(
+        [str(COMMAND), "work", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **CODE},
+    )
+    usage = done.stdout.split("\n\n")[0]
+    assert usage.startswith("usage: taskhoster work "), done.stdout
+    assert " ".join(usage.split()).endswith("QUEUE [QUEUE ...] -- COMMAND [ARG ...]"), usage
+    assert "/bin/sh -c" in done.stdout  # how COMMAND is run is said, not only that it is
+    listed = subprocess.run(
+        [str(COMMAND), "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **CODE},
+    )
+    assert "QUEUE... -- COMMAND" in listed.stdout
+    missing = subprocess.run(
+        [str(COMMAND), "work", "q"], capture_output=True, text=True, env={**os.environ, **CODE}
+    )
+    assert missing.returncode == 2
+    assert missing.stderr.startswith("usage: taskhoster work "), missing.stderr
+    assert "the command to run per item goes after --" in missing.stderr
+
+
 def test_the_client_imports_without_django():
     code = (
         "import sys, taskhoster.client, taskhoster.client.cli; "
