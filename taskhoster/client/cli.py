@@ -39,6 +39,8 @@ from .worker import Handler, Job, Worker
 
 EXIT_FAILED = 1
 EXIT_TIMEOUT = 124
+# 128 + SIGPIPE: what a shell reports for a command whose output's reader has gone.
+EXIT_BROKEN_PIPE = 141
 KILL_GRACE_SECONDS = 5.0
 
 
@@ -205,6 +207,22 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # what print() still holds fails here, not at exit
+    except BrokenPipeError:
+        # Whoever read standard output has gone (``taskhoster queues | head -3``): stop
+        # quietly, as a command killed by SIGPIPE does; standard output goes to /dev/null so
+        # that Python's own flush at exit has nowhere to fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     head, command = _split_command(args_list)
     parser = _parser()

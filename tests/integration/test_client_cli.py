@@ -165,6 +165,45 @@ def test_flags_override_the_environment_and_errors_exit_1_with_the_code(cli, ser
     assert "item_not_found" in missing.stderr
 
 
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+def test_output_closed_early_ends_quietly_with_141(server, key, producer, tmp_path, buffered):
+    """``taskhoster items q | head -1``: once the reader has gone, no traceback; 141, as a
+    shell reports a command its pipe's reader left (128 + SIGPIPE). Buffered (as from a
+    shell) the error comes at a flush; unbuffered, at the write."""
+    producer.post_many("q", list(range(1000)))  # far more output than a pipe holds
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env.update(TASKHOSTER_URL=server.url, TASKHOSTER_KEY=key, **CODE)
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
+
+    reader = subprocess.Popen(
+        [str(COMMAND), "items", "q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert json.loads(reader.stdout.readline())["queue"] == "q"
+    reader.stdout.close()
+    assert reader.wait(30) == 141
+    assert reader.stderr.read() == b""
+    reader.stderr.close()
+
+    # A pipe closed before the command starts: every command that prints, each its way
+    # (a table, JSON, JSON lines).
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        for args in (["queues"], ["queues", "q", "--json"], ["items", "q"]):
+            done = subprocess.run(
+                [str(COMMAND), *args],
+                stdout=write_end,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd=tmp_path,
+                timeout=30,
+            )
+            assert (done.returncode, done.stderr) == (141, b""), (args, done.stderr.decode())
+    finally:
+        os.close(write_end)
+
+
 def test_wait_exits_0_finished_1_failed_124_not_done_in_time(cli, producer, server, key):
     item = producer.post("q", 1)
     started = time.monotonic()
