@@ -12,8 +12,10 @@ capacity, subscription and bulk delete) are read from ``conf`` when they are use
 import time (``limit``). Those fixed by the wire format or the index's columns are the
 constants below; a project cannot change them.
 
-A refused value raises ``InvalidInput`` (400) naming the field, or ``TooLarge`` (413) for a
-payload, result or batch over its limit; unknown fields are refused, never ignored.
+A refused value raises ``InvalidInput`` (400) naming the field (a batch's member by its index,
+``items[3].threadId``), or ``TooLarge`` (413) for a payload, result or batch over its limit;
+unknown fields are refused, never ignored, and a post body mixing one item's fields with a
+batch's ``items`` is refused as that mix.
 """
 
 from __future__ import annotations
@@ -97,6 +99,11 @@ class Body:
     fields: tuple[Field, ...]
     at_most_one_of: tuple[tuple[str, ...], ...] = ()
     exactly_one_of: tuple[tuple[str, ...], ...] = ()
+    # The body this one stands instead of (a batch, of one item), and what to say of a body
+    # that mixes the two: a field of that one given here is refused as such a mix (400
+    # invalid_body), not as an unknown field.
+    instead_of: Body | None = None
+    mixed: str = ""
     description: str = ""
     names: frozenset[str] = field(init=False)
 
@@ -110,9 +117,18 @@ def validate(body: Body, data: Any, *, where: str = "") -> dict[str, Any]:
         raise InvalidInput(
             f"{where.rstrip('.') or 'the body'} must be a JSON object", code="invalid_body"
         )
+    if body.instead_of is not None:
+        others = [f.name for f in body.instead_of.fields if f.name in data]
+        if others:
+            own = [f.name for f in body.fields if f.name in data]
+            raise InvalidInput(
+                f"{body.mixed}: this one has {', '.join(own)} and {', '.join(others)}",
+                code="invalid_body",
+            )
     unknown = sorted(set(data) - body.names)
     if unknown:
-        raise InvalidInput(f"unknown field(s): {', '.join(unknown)}", code="unknown_field")
+        named = ", ".join(f"{where}{n}" for n in unknown)
+        raise InvalidInput(f"unknown field(s): {named}", code="unknown_field")
     values: dict[str, Any] = {}
     for spec in body.fields:
         name = f"{where}{spec.name}"
@@ -131,10 +147,12 @@ def validate(body: Body, data: Any, *, where: str = "") -> dict[str, Any]:
         values[spec.name] = _check(spec, value, name)
     for group in body.at_most_one_of:  # given at all, even as null (as the schemas say)
         if sum(n in values for n in group) > 1:
-            raise InvalidInput(f"give {' or '.join(group)}, not both", code="invalid")
+            named = " or ".join(f"{where}{n}" for n in group)
+            raise InvalidInput(f"give {named}, not both", code="invalid")
     for group in body.exactly_one_of:
         if sum(n in values for n in group) != 1:
-            raise InvalidInput(f"give either {' or '.join(group)}", code="invalid_body")
+            named = " or ".join(f"{where}{n}" for n in group)
+            raise InvalidInput(f"give either {named}", code="invalid_body")
     return values
 
 
@@ -207,10 +225,10 @@ def _check(spec: Field, value: Any, name: str) -> Any:
         longest = resolve(spec.max_length)
         if longest is not None and len(value) > longest:
             if spec.too_large:
-                raise TooLarge(f"{name} holds at most {longest:g} entries", code=spec.too_large)
-            raise InvalidInput(f"{name} holds at most {longest:g} entries", code=spec.code)
+                raise TooLarge(f"{name} holds at most {entries(longest)}", code=spec.too_large)
+            raise InvalidInput(f"{name} holds at most {entries(longest)}", code=spec.code)
         if spec.min_length is not None and len(value) < spec.min_length:
-            raise InvalidInput(f"{name} needs at least {spec.min_length} entries", code=spec.code)
+            raise InvalidInput(f"{name} needs at least {entries(spec.min_length)}", code=spec.code)
         assert spec.item is not None
         item = spec.item
         if item.kind == "object":
@@ -221,6 +239,11 @@ def _check(spec: Field, value: Any, name: str) -> Any:
         assert spec.body is not None
         return validate(spec.body, value, where=f"{name}.")
     raise ValueError(f"unknown field kind {kind}")
+
+
+def entries(n: float) -> str:
+    """A count of list entries as a message says it: 1 entry, 1000 entries."""
+    return f"{n:g} entry" if n == 1 else f"{n:g} entries"
 
 
 def check(spec: Field, value: Any, name: str) -> Any:
@@ -361,6 +384,11 @@ POST_BATCH = Body(
             too_large="batch_too_large",
             description="Items to post, all or none.",
         ),
+    ),
+    instead_of=POST_ITEM,
+    mixed=(
+        "a post body is either one item "
+        f"({', '.join(f.name for f in POST_ITEM.fields)}) or a batch (items), not both"
     ),
     description="Several items to post at once, all or none.",
 )

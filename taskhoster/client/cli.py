@@ -39,6 +39,8 @@ from .worker import Handler, Job, Worker
 
 EXIT_FAILED = 1
 EXIT_TIMEOUT = 124
+# 128 + SIGPIPE: what a shell reports for a command whose output's reader has gone.
+EXIT_BROKEN_PIPE = 141
 KILL_GRACE_SECONDS = 5.0
 
 
@@ -66,6 +68,23 @@ def _none_or(convert: Callable[[str], Any]) -> Callable[[str], Any]:
         return None if value.lower() in ("none", "null") else convert(value)
 
     return parse
+
+
+WORK_DESCRIPTION = """\
+Run COMMAND once per item of the QUEUEs, everything after -- being the command:
+one argument runs through /bin/sh -c, more are run as they are.
+
+COMMAND reads the payload as JSON on standard input (one line), with
+TASKHOSTER_ITEM_ID, TASKHOSTER_QUEUE, TASKHOSTER_ATTEMPTS and TASKHOSTER_THREAD_ID
+in its environment. Exit 0: its standard output is the result (JSON if it is
+JSON, else text; nothing is null). Another exit status fails the item with its
+standard error as the error (retried, unless --no-retry). It runs in its own
+process group, killed if the item is cancelled."""
+WORK_EXAMPLES = """\
+examples:
+  taskhoster work emails -- ./send-email.sh
+  taskhoster work shout -- 'tr a-z A-Z'
+  taskhoster work emails --capacity 4 -- python3 send.py --retries 2"""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -148,24 +167,32 @@ def _parser() -> argparse.ArgumentParser:
     items.add_argument("--status", choices=["pending", "processing", "finished", "failed"])
     items.add_argument("--thread", dest="thread_id")
 
+    # What follows "--" is split off before parsing (``_split_command``), so argparse would
+    # not show it: the usage says it, and the description how it is run.
     work = commands.add_parser(
         "work",
         help="run COMMAND for each item: work QUEUE... -- COMMAND",
-        description="Run COMMAND once per item: payload JSON on stdin, stdout is the result, "
-        "a non-zero exit fails the item with stderr as the error.",
+        usage="%(prog)s [options] QUEUE [QUEUE ...] -- COMMAND [ARG ...]",
+        description=WORK_DESCRIPTION,
+        epilog=WORK_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    work.add_argument("queues", nargs="+", metavar="QUEUE")
-    work.add_argument("--capacity", type=int, default=1, help="items run at once (default 1)")
+    work.add_argument("queues", nargs="+", metavar="QUEUE", help="a queue to take items from")
+    work.add_argument(
+        "--capacity", type=int, default=1, metavar="N", help="items run at once (default 1)"
+    )
     work.add_argument(
         "--stop-timeout",
         type=float,
         default=30.0,
-        help="on SIGINT/SIGTERM, seconds to let running commands finish",
+        metavar="SECONDS",
+        help="on SIGINT/SIGTERM, seconds to let running commands finish (default 30)",
     )
     work.add_argument(
         "--no-retry", action="store_true", help="a failed command fails its item for good"
     )
     work.add_argument("--quiet", action="store_true", help="log only warnings")
+    work.set_defaults(usage_error=work.error)  # a missing COMMAND is told with work's usage
     return parser
 
 
@@ -180,12 +207,30 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # what print() still holds fails here, not at exit
+    except BrokenPipeError:
+        # Whoever read standard output has gone (``taskhoster queues | head -3``): stop
+        # quietly, as a command killed by SIGPIPE does; standard output goes to /dev/null so
+        # that Python's own flush at exit has nowhere to fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     head, command = _split_command(args_list)
     parser = _parser()
     args = parser.parse_args(head)
     if args.command == "work" and not command:
-        parser.error("work needs a command after --, e.g. taskhoster work q -- ./handle.sh")
+        args.usage_error(
+            "the command to run per item goes after --, e.g. taskhoster work q -- ./handle.sh"
+        )
     try:
         if args.command == "work":
             return _work(args, command)

@@ -4,17 +4,21 @@ framework's field names (``non_field_errors``), its phrasing ("Unsupported media
 can't decode", "(char 2)"). The codes stay the ones the schema lists.
 
 Every bad body, content type and method below is tried in-process and, all together, against a
-real daphne (which parses the Content-Type header its own way).
+real daphne (which parses the Content-Type header its own way); a few bad socket frames show
+that the socket, judged by the same declarations, words its messages the same way.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 from rest_framework.test import APIClient
+
+from .wsclient import connect, recv, send
 
 JSON = "application/json"
 # Words of Django, DRF or Python that must not reach a client.
@@ -44,6 +48,7 @@ class Case:
     message: str
     method: str = "POST"
     keyed: bool = True
+    exact: bool = False  # the whole message, not a part of it
 
 
 ITEMS = "/api/queues/q/items"
@@ -78,6 +83,86 @@ CASES = [
         400,
         "invalid_body",
         "items[0] must be a JSON object",
+    ),
+    # A post body is one item or a batch: a mix of the two is named as such.
+    Case(
+        "payload and items",
+        ITEMS,
+        b'{"payload": 1, "items": [{"payload": 2}]}',
+        JSON,
+        400,
+        "invalid_body",
+        "a post body is either one item (payload, threadId, scheduledAt, delaySeconds, key) or "
+        "a batch (items), not both: this one has items and payload",
+        exact=True,
+    ),
+    Case(
+        "a batch with an item's options beside items",
+        ITEMS,
+        b'{"items": [{"payload": 2}], "key": "k", "threadId": "t"}',
+        JSON,
+        400,
+        "invalid_body",
+        "or a batch (items), not both: this one has items and threadId, key",
+    ),
+    # A bad member of a batch is named by its index, whatever is wrong with it.
+    Case(
+        "an unknown field in a batch member",
+        ITEMS,
+        b'{"items": [{"payload": 1}, {"payload": 2, "thread": "t"}]}',
+        JSON,
+        400,
+        "unknown_field",
+        "unknown field(s): items[1].thread",
+    ),
+    Case(
+        "a bad field in a batch member",
+        ITEMS,
+        b'{"items": [{"payload": 1}, {"payload": 2, "threadId": ""}]}',
+        JSON,
+        400,
+        "invalid",
+        "items[1].threadId must be 1-200 characters",
+    ),
+    Case(
+        "a batch member with both scheduledAt and delaySeconds",
+        ITEMS,
+        b'{"items": [{"payload": 1}, {"payload": 2, "delaySeconds": 5, '
+        b'"scheduledAt": "2030-01-01T00:00:00Z"}]}',
+        JSON,
+        400,
+        "invalid",
+        "give items[1].scheduledAt or items[1].delaySeconds, not both",
+    ),
+    Case(
+        "a batch member without a payload",
+        ITEMS,
+        b'{"items": [{"payload": 1}, {"key": "k"}]}',
+        JSON,
+        400,
+        "missing_field",
+        "items[1].payload is required",
+    ),
+    # Counts of entries read as English, for one and for many.
+    Case(
+        "an empty batch",
+        ITEMS,
+        b'{"items": []}',
+        JSON,
+        400,
+        "invalid",
+        "items needs at least 1 entry",
+        exact=True,
+    ),
+    Case(
+        "a batch over the limit",
+        ITEMS,
+        b'{"items": [' + b",".join([b'{"payload": 1}'] * 1001) + b"]}",
+        JSON,
+        413,
+        "batch_too_large",
+        "items holds at most 1000 entries",
+        exact=True,
     ),
     Case(
         "syntax error",
@@ -258,7 +343,10 @@ def check(case: Case, status: int, body: Any) -> None:
     assert set(body) == {"error"}, (case.name, body)
     error = body["error"]
     assert error["code"] == case.code, (case.name, error)
-    assert case.message in error["message"], (case.name, error)
+    if case.exact:
+        assert error["message"] == case.message, (case.name, error)
+    else:
+        assert case.message in error["message"], (case.name, error)
     leaked = [word for word in INTERNALS if word in error["message"]]
     assert not leaked, (case.name, error)
 
@@ -295,6 +383,52 @@ def test_every_bad_request_over_http_gets_the_same_plain_message(server_factory,
         # Nothing of all that was posted.
         listed = http.get("/api/queues/q/items", headers={"Authorization": f"Token {key}"})
         assert listed.json()["items"] == []
+
+
+def test_a_batch_over_a_limit_of_one_says_1_entry(
+    q: Any, make_key: Any, api: APIClient, settings: Any
+) -> None:
+    settings.TASKHOSTER = {**settings.TASKHOSTER, "MAX_BATCH": 1}
+    answer = api.post(ITEMS, {"items": [{"payload": 1}, {"payload": 2}]}, format="json")
+    assert answer.status_code == 413
+    assert answer.json()["error"] == {
+        "code": "batch_too_large",
+        "message": "items holds at most 1 entry",
+    }
+
+
+# Socket frames are judged by the same declarations, so they read the same way; a frame's
+# fields are named under its type.
+FRAMES = [
+    (
+        {"type": "subscribe", "queues": [], "capacity": 1},
+        "invalid_queues",
+        "subscribe.queues needs at least 1 entry",
+    ),
+    (
+        {"type": "result", "id": "x", "result": 1, "extra": True},
+        "unknown_field",
+        "unknown field(s): result.extra",
+    ),
+]
+
+
+@pytest.mark.slow
+def test_a_bad_socket_frame_gets_the_same_plain_message(server_factory, make_key, q):
+    server = server_factory()
+    key = make_key()
+
+    async def run() -> list[tuple[str, str]]:
+        answers = []
+        async with await connect(server, key) as ws:
+            for frame, _code, _message in FRAMES:
+                await send(ws, frame)
+                error = await recv(ws)
+                assert error["type"] == "error", error
+                answers.append((error["code"], error["message"]))
+        return answers
+
+    assert asyncio.run(run()) == [(code, message) for _frame, code, message in FRAMES]
 
 
 def test_the_schema_lists_bad_json_for_every_operation_with_a_body(api: APIClient) -> None:

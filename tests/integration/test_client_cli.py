@@ -15,9 +15,13 @@ import pytest
 
 from taskhoster.client import Producer
 
+from ..conftest import REPO
+
 pytestmark = pytest.mark.slow
 
 COMMAND = Path(sys.executable).with_name("taskhoster")
+# The command runs this checkout's code, wherever the package was installed from.
+CODE = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
 @pytest.fixture
@@ -46,6 +50,7 @@ def cli(server, key, tmp_path):
             **os.environ,
             "TASKHOSTER_URL": server.url,
             "TASKHOSTER_KEY": key,
+            **CODE,
             **(env or {}),
         }
         return subprocess.run(
@@ -66,6 +71,34 @@ def test_the_command_is_installed_with_the_package():
     done = subprocess.run([str(COMMAND), "--help"], capture_output=True, text=True, check=True)
     for word in ("post", "get", "wait", "queues", "work"):
         assert word in done.stdout
+
+
+def test_work_help_shows_the_command_it_runs_after_a_double_dash():
+    done = subprocess.run(
+        [str(COMMAND), "work", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **CODE},
+    )
+    usage = done.stdout.split("\n\n")[0]
+    assert usage.startswith("usage: taskhoster work "), done.stdout
+    assert " ".join(usage.split()).endswith("QUEUE [QUEUE ...] -- COMMAND [ARG ...]"), usage
+    assert "/bin/sh -c" in done.stdout  # how COMMAND is run is said, not only that it is
+    listed = subprocess.run(
+        [str(COMMAND), "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **CODE},
+    )
+    assert "QUEUE... -- COMMAND" in listed.stdout
+    missing = subprocess.run(
+        [str(COMMAND), "work", "q"], capture_output=True, text=True, env={**os.environ, **CODE}
+    )
+    assert missing.returncode == 2
+    assert missing.stderr.startswith("usage: taskhoster work "), missing.stderr
+    assert "the command to run per item goes after --" in missing.stderr
 
 
 def test_the_client_imports_without_django():
@@ -132,6 +165,45 @@ def test_flags_override_the_environment_and_errors_exit_1_with_the_code(cli, ser
     assert "item_not_found" in missing.stderr
 
 
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+def test_output_closed_early_ends_quietly_with_141(server, key, producer, tmp_path, buffered):
+    """``taskhoster items q | head -1``: once the reader has gone, no traceback; 141, as a
+    shell reports a command its pipe's reader left (128 + SIGPIPE). Buffered (as from a
+    shell) the error comes at a flush; unbuffered, at the write."""
+    producer.post_many("q", list(range(1000)))  # far more output than a pipe holds
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env.update(TASKHOSTER_URL=server.url, TASKHOSTER_KEY=key, **CODE)
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
+
+    reader = subprocess.Popen(
+        [str(COMMAND), "items", "q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert json.loads(reader.stdout.readline())["queue"] == "q"
+    reader.stdout.close()
+    assert reader.wait(30) == 141
+    assert reader.stderr.read() == b""
+    reader.stderr.close()
+
+    # A pipe closed before the command starts: every command that prints, each its way
+    # (a table, JSON, JSON lines).
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        for args in (["queues"], ["queues", "q", "--json"], ["items", "q"]):
+            done = subprocess.run(
+                [str(COMMAND), *args],
+                stdout=write_end,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd=tmp_path,
+                timeout=30,
+            )
+            assert (done.returncode, done.stderr) == (141, b""), (args, done.stderr.decode())
+    finally:
+        os.close(write_end)
+
+
 def test_wait_exits_0_finished_1_failed_124_not_done_in_time(cli, producer, server, key):
     item = producer.post("q", 1)
     started = time.monotonic()
@@ -161,7 +233,7 @@ def test_wait_exits_0_finished_1_failed_124_not_done_in_time(cli, producer, serv
 
 
 def _work(server, key, *args):
-    env = {**os.environ, "TASKHOSTER_URL": server.url, "TASKHOSTER_KEY": key}
+    env = {**os.environ, "TASKHOSTER_URL": server.url, "TASKHOSTER_KEY": key, **CODE}
     return subprocess.Popen(
         [str(COMMAND), "work", *args],
         env=env,

@@ -352,6 +352,11 @@ BATCH_CASES: list[tuple[str, list[Any], list[Any]]] = [
         [{"payload": 1}, {"payload": 2, "key": "k" * 201}],
     ),
     (
+        "a member with delay and scheduled_at",
+        [1, local.NewItem(2, delay=5, scheduled_at="2030-01-01T00:00:00Z")],
+        [{"payload": 1}, {"payload": 2, "delaySeconds": 5, "scheduledAt": "2030-01-01T00:00:00Z"}],
+    ),
+    (
         "a member beyond the timeout",
         [1, local.NewItem(2, delay=timedelta(days=2))],
         [{"payload": 1}, {"payload": 2, "delaySeconds": 2 * 86400}],
@@ -375,6 +380,13 @@ def test_a_bad_batch_raises_what_the_rest_api_answers_and_posts_none(
     assert got == expected
     assert not Item.objects.exists()
     assert files(state_root) == []
+
+
+def test_a_bad_member_of_a_batch_is_named_by_its_index(q):
+    both = local.NewItem(2, delay=5, scheduled_at="2030-01-01T00:00:00Z")
+    with pytest.raises(InvalidInput) as caught:
+        local.post_many("q", [1, both])
+    assert caught.value.message == "give items[1].scheduledAt or items[1].delaySeconds, not both"
 
 
 class Opaque:
