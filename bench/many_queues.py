@@ -44,7 +44,9 @@ import asyncio
 import contextlib
 import json
 import resource
+import shutil
 import signal
+import statistics
 import subprocess
 import threading
 import time
@@ -186,6 +188,7 @@ def fan_out(url: str, key: str, queues: list[str], idle: IdleSockets | None) -> 
     lock = threading.Lock()
     todo = list(queues)
     latencies: list[float] = []
+    refused = [0]
     clients = [make_client(url, key) for _ in range(8)]
 
     def producer(client: httpx.Client) -> None:
@@ -195,8 +198,15 @@ def fan_out(url: str, key: str, queues: list[str], idle: IdleSockets | None) -> 
                     return
                 queue = todo.pop()
             t0 = time.perf_counter()
-            answer = client.post(f"/api/queues/{queue}/items", json={"payload": {"q": queue}})
-            if answer.status_code != 201:
+            while True:
+                # (a 503 overloaded did nothing: sent again as it is)
+                answer = client.post(f"/api/queues/{queue}/items", json={"payload": {"q": queue}})
+                if answer.status_code != 503:
+                    break
+                with lock:  # overloaded: as a client does, after Retry-After
+                    refused[0] += 1
+                time.sleep(float(answer.headers.get("Retry-After") or 1))
+            if answer.status_code not in (200, 201):
                 raise BenchError(f"post to {queue}: {answer.status_code} {answer.text[:200]}")
             with lock:
                 latencies.append(time.perf_counter() - t0)
@@ -223,12 +233,39 @@ def fan_out(url: str, key: str, queues: list[str], idle: IdleSockets | None) -> 
         "delivered_s": round(delivered, 3),
         "post_p50_ms": round(percentile(latencies, 0.5), 2),
         "post_p99_ms": round(percentile(latencies, 0.99), 2),
+        "refused_503": refused[0],
     }
 
 
-def latency(args: argparse.Namespace, url: str, key: str, label: str) -> dict[str, float]:
-    row = measure_latency(args, url, key, label)
-    return {"p50_ms": row.p50_ms, "p99_ms": row.p99_ms, "missing": row.missing}
+def latency(args: argparse.Namespace, url: str, key: str, label: str) -> dict[str, Any]:
+    """``--latency-rounds`` measurements; the median p50 and p99, and each round's."""
+    rows = [measure_latency(args, url, key, label) for _ in range(args.latency_rounds)]
+    return {
+        "p50_ms": statistics.median(r.p50_ms for r in rows),
+        "p99_ms": statistics.median(r.p99_ms for r in rows),
+        "p99_rounds_ms": [r.p99_ms for r in rows],
+        "missing": sum(r.missing for r in rows),
+    }
+
+
+def profiler(args: argparse.Namespace, pid: int, name: str) -> subprocess.Popen[bytes] | None:
+    """py-spy on daphne and its committer (``--profile DIR``), raw stacks to DIR/name.txt."""
+    if not args.profile:
+        return None
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    args.profile.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [spy, "record", "--subprocesses", "-p", str(pid), "-r", "200", "-f", "raw"]
+        + ["-o", str(args.profile / f"{name}.txt")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def stop_profiler(spy: subprocess.Popen[bytes] | None) -> None:
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(30)
 
 
 def make_queues(url: str, key: str, names: list[str]) -> None:
@@ -249,7 +286,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         from taskhoster.keys import create_key
 
         key = create_key(name="bench", scopes=["produce", "work", "manage"])[1]
-        extra = ("--websocket_timeout", "-1")
+        extra = ("--websocket_timeout", "-1", *args.daphne_args.split())
         server = Daphne(env, fsync=args.fsync, extra_args=extra)
         if args.redis_url:
             server.env["REDIS_URL"] = args.redis_url
@@ -283,7 +320,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 result.update(latency(args, server.url, key, label))
                 if kind == "queues":
                     fan = queues[: args.fan_out_max]
-                    result["fan_out"] = fan_out(server.url, key, fan, idle)
+                    spy = profiler(args, server.proc.pid, f"fan-out-{n}")
+                    try:
+                        result["fan_out"] = fan_out(server.url, key, fan, idle)
+                    finally:
+                        stop_profiler(spy)
                     # The same posts to one queue, whose one socket takes them all.
                     one = IdleSockets(env, server.url, key, [f"fan-one:{len(fan)}"])
                     try:
@@ -327,6 +368,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     parser.add_argument("--seconds", type=float, default=10.0, help="post→worker: how long")
+    parser.add_argument(
+        "--latency-rounds", type=int, default=3, help="post→worker: measurements per config"
+    )
     parser.add_argument("--rate", type=float, default=100.0, help="post→worker: posts per second")
     parser.add_argument("--producers", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=20)
@@ -337,6 +381,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--database-url")
     parser.add_argument("--redis-url")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--daphne-args", default="", help="more options for daphne")
+    parser.add_argument("--profile", type=Path, help="py-spy the fan-out into this directory")
     parser.add_argument("--tmpdir")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument(

@@ -118,6 +118,14 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=1,
     ),
     Setting(
+        "MAX_JSON_DEPTH",
+        100,
+        "int",
+        "The deepest nesting of JSON a request body or a /work frame may have (400 too_deep "
+        "above it).",
+        minimum=1,
+    ),
+    Setting(
         "MAX_BATCH",
         1000,
         "int",
@@ -307,6 +315,7 @@ class Conf:
     flush: str
     committer: str
     max_payload_bytes: int
+    max_json_depth: int
     max_batch: int
     max_wait_seconds: float
     max_claim: int
@@ -369,6 +378,7 @@ def _read() -> Conf:
         flush=str(merged["FLUSH"]),
         committer=str(merged["COMMITTER"]),
         max_payload_bytes=int(merged["MAX_PAYLOAD_BYTES"]),
+        max_json_depth=int(merged["MAX_JSON_DEPTH"]),
         max_batch=int(merged["MAX_BATCH"]),
         max_wait_seconds=float(merged["MAX_WAIT_SECONDS"]),
         max_claim=int(merged["MAX_CLAIM"]),

@@ -258,6 +258,23 @@ def max_frame_bytes() -> int:
     return get_conf().max_payload_bytes + ENVELOPE_BYTES
 
 
+def check_depth(text: str, value: Any) -> None:
+    """JSON nested more than ``MAX_JSON_DEPTH`` levels is refused (400 ``too_deep``): deeper
+    values cost the server out of proportion (they cannot even be handed to the committer
+    process past a few hundred levels), and no work item needs them. ``text`` is the JSON
+    ``value`` was read from: one with fewer brackets than the limit is not walked."""
+    most = get_conf().max_json_depth
+    if text.count("[") + text.count("{") <= most:
+        return
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > most:
+            raise InvalidInput(f"the JSON is nested more than {most} levels deep", code="too_deep")
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+
+
 def check_size(value: Any, name: str) -> None:
     """A payload or result: at most ``MAX_PAYLOAD_BYTES`` of JSON, else 413."""
     most = get_conf().max_payload_bytes

@@ -45,13 +45,17 @@ def announce(kind: str, queue: str, item_id: str = "") -> None:
 forward: Callable[[Sequence[News]], None] | None = None
 
 
-def announce_many(news: Sequence[News]) -> None:
-    """News made in this process: deliver it here and publish it to the others."""
+def announce_many(news: Sequence[News], *, here: Sequence[News] | None = None) -> None:
+    """News made in this process: deliver it here and publish it to the others. ``here``:
+    what of it this process (and the server a committer process works for) needs, when that
+    is less (a group whose claims took every claimable item of a queue has nothing for this
+    process's sockets there; the others still hear of it)."""
     if not news or fault("news.lost"):  # (a test's stand-in for news that never arrives)
         return
-    deliver(news)
+    local = news if here is None else here
+    deliver(local)
     if forward is not None:
-        forward(news)
+        forward(local)
     from . import bus
 
     try:
@@ -60,8 +64,20 @@ def announce_many(news: Sequence[News]) -> None:
         log.exception("could not publish news")
 
 
+POSTING = "posting"
+
+
+def posting(queue: str) -> None:
+    """A post to ``queue`` was just handed to this process's committer: this process's
+    listeners may claim for it now, so that the claim joins the post's own group (claims run
+    last in a group) rather than wait for the news of its commit. A hint, never published;
+    the group leaves out of this process's news what its own claims took (``here``)."""
+    for listener in list(_listeners):
+        listener([(POSTING, queue, "")])
+
+
 def deliver(news: Sequence[News]) -> None:
-    """Wake this process's long-polls and listeners."""
+    """Wake this process's long-polls and listeners (``news`` may be empty: a wake-up)."""
     global _generation
     with _condition:
         _generation += 1

@@ -79,6 +79,43 @@ def secret_hash(secret: str) -> str | None:
     return hash_key(secret)
 
 
+KEY_REVOKED = "key-revoked"  # news: (KEY_REVOKED, "", key id); sockets of the key close
+
+
+def revoke(key_ids: Iterable[int]) -> int:
+    """Revoke keys: REST refuses them at once (every request looks its key up), and every
+    server process closes their open ``/work`` sockets (4401) when it hears the news (a
+    lost piece of news is caught by the dispatcher's backstop, which checks its sockets'
+    keys). Returns how many were live."""
+    from django.db import transaction
+
+    from . import events
+    from .timeutil import now as utcnow
+
+    wanted = sorted(set(key_ids))
+    with transaction.atomic():
+        live = list(
+            ApiKey.objects.filter(id__in=wanted, revoked_at__isnull=True).values_list(
+                "id", flat=True
+            )
+        )
+        ApiKey.objects.filter(id__in=live).update(revoked_at=utcnow())
+        transaction.on_commit(
+            lambda: events.announce_many([(KEY_REVOKED, "", str(k)) for k in live])
+        )
+    return len(live)
+
+
+def live_key_ids(key_ids: Iterable[int]) -> set[int]:
+    """Those of ``key_ids`` that are not revoked (one query)."""
+    wanted = sorted(set(key_ids))
+    if not wanted:
+        return set()
+    return set(
+        ApiKey.objects.filter(id__in=wanted, revoked_at__isnull=True).values_list("id", flat=True)
+    )
+
+
 def authenticate(secret: str) -> Principal | None:
     """The key's holder, or None. One indexed lookup by the key's hash on every call (no
     cache: a revoked key stops working at once, in every process)."""

@@ -33,14 +33,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.transaction import TransactionManagementError
 
-from . import engine
+from . import contract, engine
 from .api import params
+from .conf import get_conf
 from .errors import InvalidInput
 from .timeutil import now as utcnow
 from .timeutil import to_wire
@@ -241,14 +242,22 @@ def _json_copy(value: Any, name: str) -> Any:
         copy = json.loads(text)
         if copy == value:
             text.encode("utf-8")  # a lone surrogate is no text to store
+            contract.check_depth(text, copy)  # as REST and the socket do
             return copy
-    except (TypeError, ValueError, UnicodeEncodeError, RecursionError):
+    except (TypeError, ValueError, UnicodeEncodeError):
         pass
+    except RecursionError:
+        _too_deep()
     try:
         _walk_json(value, [name])
     except RecursionError:
-        raise InvalidInput(f"{name} is nested too deeply", code="invalid") from None
+        _too_deep()
     raise InvalidInput(f"{name} does not read back from JSON as it is", code="invalid")
+
+
+def _too_deep() -> NoReturn:
+    most = get_conf().max_json_depth
+    raise InvalidInput(f"the JSON is nested more than {most} levels deep", code="too_deep")
 
 
 def _walk_json(value: Any, path: list[str]) -> None:

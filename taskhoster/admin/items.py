@@ -9,6 +9,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -256,7 +257,21 @@ class ItemAdmin(admin.ModelAdmin):
         }
         return TemplateResponse(request, "admin/taskhoster/item/confirm.html", context)
 
-    @admin.action(description="Delete selected items (through the engine)")
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        extra = {**(extra_context or {}), "can_delete": self.has_engine_delete_permission(request)}
+        return super().changelist_view(request, extra_context=extra)
+
+    # The actions change items through the engine: each needs Django's matching model
+    # permission (a staff user with only view_item sees the items and nothing more).
+    def has_engine_delete_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm(f"{self.opts.app_label}.delete_item"))
+
+    def has_restart_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm(f"{self.opts.app_label}.change_item"))
+
+    @admin.action(
+        description="Delete selected items (through the engine)", permissions=["engine_delete"]
+    )
     def delete_selected_items(
         self, request: HttpRequest, queryset: QuerySet[Item]
     ) -> HttpResponse | None:
@@ -281,7 +296,9 @@ class ItemAdmin(admin.ModelAdmin):
         self.message_user(request, f"Deleted {deleted} item(s).", messages.SUCCESS)
         return None
 
-    @admin.action(description="Restart selected failed items (through the engine)")
+    @admin.action(
+        description="Restart selected failed items (through the engine)", permissions=["restart"]
+    )
     def restart_selected_items(
         self, request: HttpRequest, queryset: QuerySet[Item]
     ) -> HttpResponse | None:
@@ -328,8 +345,8 @@ class ItemAdmin(admin.ModelAdmin):
         return changelist.get_queryset(request).order_by()
 
     def delete_matching_view(self, request: HttpRequest) -> HttpResponse:
-        if not self.has_view_permission(request):
-            return HttpResponseRedirect(reverse("admin:index"))
+        if not self.has_engine_delete_permission(request):
+            raise PermissionDenied("deleting items needs the permission to delete items")
         queryset = self._filtered(request)
         back = reverse("admin:taskhoster_item_changelist")
         query = request.META.get("QUERY_STRING", "")

@@ -11,10 +11,9 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from ..errors import InvalidInput
-from ..keys import SCOPES, create_key
+from ..keys import SCOPES, create_key, revoke
 from ..models import ApiKey
 from ..store import QUEUE_NAME_PATTERN
-from ..timeutil import now as utcnow
 from .common import time_column
 
 
@@ -91,7 +90,14 @@ class ApiKeyAdmin(admin.ModelAdmin):
             messages.WARNING,
         )
 
-    @admin.action(description="Revoke selected keys")
+    @admin.action(description="Revoke selected keys", permissions=["revoke"])
     def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        n = queryset.filter(revoked_at__isnull=True).update(revoked_at=utcnow())
-        self.message_user(request, f"Revoked {n} key(s).", messages.SUCCESS)
+        n = revoke(queryset.values_list("id", flat=True))
+        self.message_user(
+            request, f"Revoked {n} key(s); their open sockets are closed.", messages.SUCCESS
+        )
+
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        """Revoking changes a key: Django's change permission for API keys."""
+        opts = self.opts
+        return bool(request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}"))

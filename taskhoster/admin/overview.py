@@ -13,6 +13,7 @@ import itertools
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
@@ -95,6 +96,10 @@ def overview_view(request: HttpRequest) -> HttpResponse:
     from django.contrib import admin
 
     from .queues import with_stats
+
+    if not request.user.has_perm("taskhoster.view_queue"):
+        # Every queue's name and counts: for those who may view queues.
+        raise PermissionDenied("the overview needs the permission to view queues")
 
     queues = list(with_stats(Queue.objects.filter(deleting=False)))
     posts, finishes = per_minute(utcnow() - timedelta(minutes=MINUTES - 1))

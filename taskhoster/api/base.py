@@ -29,7 +29,7 @@ from rest_framework.views import APIView
 
 from ..asgi import LaterResponse, RunInThread, RunInThreadError, is_on_loop
 from ..errors import KeyRefused
-from .auth import HasKey, KeyAuthentication
+from .auth import HasKey, KeyAuthentication, UncheckedKey, known_keys
 from .errors import exception_handler
 from .parsers import StrictJSONParser
 
@@ -152,6 +152,9 @@ class EngineAnswer(LaterResponse):
         response: Response | None
         try:
             response = self.make(await self.answer)
+            user = self.request.user
+            if isinstance(user, UncheckedKey):
+                known_keys.add(user.key_hash)  # the group accepted it: it may stay on the loop
         except KeyRefused as exc:
             raise RunInThreadError from exc
         except Exception as exc:

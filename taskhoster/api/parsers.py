@@ -17,6 +17,8 @@ from rest_framework import exceptions, status
 from rest_framework.parsers import BaseParser
 
 from ..conf import get_conf
+from ..contract import check_depth
+from ..errors import InvalidInput
 
 
 class BodyTooLarge(exceptions.APIException):
@@ -88,11 +90,16 @@ class StrictJSONParser(BaseParser):
         except _NotJSON as exc:
             raise BadJSON(f"the body is not valid JSON: {exc}") from None
         except RecursionError:
-            raise BadJSON("the body is not valid JSON: it is nested too deeply") from None
+            most = get_conf().max_json_depth
+            raise InvalidInput(
+                f"the JSON is nested more than {most} levels deep", code="too_deep"
+            ) from None
         except ValueError:
             # Python's limit on the digits of an integer (4300): none of JSON's, but a number
             # that long is no work item's.
             raise BadJSON("the body holds a number with too many digits") from None
+        if isinstance(value, dict | list):
+            check_depth(text, value)
         if _SURROGATE_ESCAPE.search(text):
             try:
                 json.dumps(value, ensure_ascii=False).encode("utf-8")

@@ -115,7 +115,7 @@ ERROR_TEXT = {
     "or the server is overloaded (Retry-After says when to try again)",
 }
 BODY_ERRORS = {
-    400: ["bad_json", "invalid_body", "unknown_field", "missing_field"],
+    400: ["bad_json", "invalid_body", "unknown_field", "missing_field", "too_deep"],
     413: ["too_large"],
     415: ["unsupported_media_type"],
 }

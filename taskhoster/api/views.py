@@ -8,7 +8,7 @@ from typing import Any
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse
-from rest_framework import status
+from rest_framework import exceptions, status
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -61,6 +61,17 @@ def _item_queue_name(item_id: str) -> str:
     return name
 
 
+def require_item(request: Request, item_id: str, *scopes: str) -> str:
+    """The item's queue, if the caller has one of ``scopes`` (else 403) and its key may use
+    that queue. An item of a queue the key may not use is not found (404, as a missing one):
+    a 403 would tell a key limited to some queues which ids exist elsewhere."""
+    principal = require(request, *scopes)
+    name = _item_queue_name(item_id)
+    if not principal.may_use(name):
+        raise ItemNotFound(f"item {item_id!r} does not exist")
+    return name
+
+
 class QueueListView(ApiView):
     @documented("listQueues", summary="List queues", scopes=(), responses={200: "QueueList"})
     def get(self, request: Request) -> Response:
@@ -94,10 +105,17 @@ class QueueView(ApiView):
         body=True,
     )
     def put(self, request: Request, queue: str) -> Response:
-        require(request, "manage", queue=queue)
+        principal = require(request, "manage", queue=queue)
         body = request.data
         if not isinstance(body, dict):
             raise InvalidInput("the body must be a JSON object of settings", code="invalid_body")
+        target = body.get("deadLetterQueue")
+        if isinstance(target, str) and not principal.may_use(target):
+            # Dead letters are posts into that queue: setting it needs the right to use it.
+            raise exceptions.PermissionDenied(
+                f"this key may not use queue {target!r}, so it may not make it the dead-letter "
+                "queue"
+            )
         q, created = engine.upsert_queue(name=queue, body=body)
         wire = _queue_wire(q, engine.counts_by_queue([q.id])[q.id])
         return Response(wire, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
@@ -202,6 +220,7 @@ class QueueItemsView(ApiView):
         if key_hash is None:  # in a thread, the key checked
             return answer(engine.post_items(queue_name=queue, items=items))
         soon = engine.post_items_soon(queue_name=queue, items=items, key_hash=key_hash)
+        events.posting(queue)  # this process's sockets may claim it in the post's own group
         return EngineAnswer(self, request, soon, answer)
 
 
@@ -273,7 +292,7 @@ class ItemView(ApiView):
     )
     def get(self, request: Request, item_id: str) -> Response:
         params_.item_id(item_id)
-        require(request, "produce", queue=_item_queue_name(item_id))
+        require_item(request, item_id, "produce")
         wait = params_.wait(request.query_params)
         if wait is not None:
             engine.wait_for_verdict(item_id=item_id, wait=wait)
@@ -292,7 +311,7 @@ class ItemView(ApiView):
     )
     def delete(self, request: Request, item_id: str) -> Response:
         params_.item_id(item_id)
-        require(request, "produce", "manage", queue=_item_queue_name(item_id))
+        require_item(request, item_id, "produce", "manage")
         if not engine.delete_item(item_id=item_id):
             raise ItemNotFound(f"item {item_id!r} does not exist")
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -309,7 +328,7 @@ class RestartView(ApiView):
     )
     def post(self, request: Request, item_id: str) -> Response:
         params_.item_id(item_id)
-        require(request, "manage", queue=_item_queue_name(item_id))
+        require_item(request, item_id, "manage")
         engine.restart(item_id=item_id)
         row, record = engine.get_item(item_id=item_id)
         return Response(
@@ -330,12 +349,14 @@ class ResultView(ApiView):
     )
     def post(self, request: Request, item_id: str) -> Response:
         params_.item_id(item_id)
-        require(request, "work")
+        principal = require(request, "work")
         body = contract.validate(contract.RESULT, request.data)
         gone = Response({"accepted": False, "status": None})
         try:
-            require(request, "work", queue=_item_queue_name(item_id))
-            verdict = engine.submit_result(item_id=item_id, result=body["result"])
+            # The group judges the item's queue against the key's (queues=): one read less.
+            verdict = engine.submit_result(
+                item_id=item_id, result=body["result"], queues=principal.queues
+            )
         except ItemNotFound:
             return gone  # rule 9: a result for a deleted item is refused, not an error
         return Response({"accepted": verdict.accepted, "status": verdict.status})
@@ -356,7 +377,7 @@ class FailView(ApiView):
     )
     def post(self, request: Request, item_id: str) -> Response:
         params_.item_id(item_id)
-        require(request, "work", queue=_item_queue_name(item_id))
+        require_item(request, item_id, "work")
         body = contract.validate(contract.FAIL, request.data)
         verdict = engine.fail(
             item_id=item_id, lease=body["lease"], error=body.get("error"), retry=body["retry"]
@@ -377,7 +398,7 @@ class ExtendView(ApiView):
     )
     def post(self, request: Request, item_id: str) -> Response:
         params_.item_id(item_id)
-        require(request, "work", queue=_item_queue_name(item_id))
+        require_item(request, item_id, "work")
         body = contract.validate(contract.EXTEND, request.data)
         accepted, row = engine.extend(
             item_id=item_id, lease=body["lease"], seconds=body.get("seconds")

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, IntegrityError, OperationalError, connection
 
-from .. import identity, metrics
+from .. import events, identity, metrics
 from ..conf import get_conf
 from ..errors import StoreError, TaskhosterError
 from ..faults import GATHER, fault, slow_seconds
@@ -176,7 +176,9 @@ def answer(outcomes: list[tuple[Op, bool, Any]]) -> None:
         answer_hook(outcomes)
         return
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Op, bool, Any]]] = {}
+    seen = events.generation()
     for op, ok, value in outcomes:
+        op.generation = seen
         if op.loop is not None:
             by_loop.setdefault(op.loop, []).append((op, ok, value))
         elif op.future is not None and not op.future.done():

@@ -205,6 +205,9 @@ class Group:
         self.copies: list[tuple[ItemRow, Any]] = []
         self.vanished_in_claims: list[ItemRow] = []
         self.claimed: set[str] = set()  # every row a claim of this group looked at
+        self.claimed_rows: list[ItemRow] = []  # taken by this group's claims, to write
+        self.exhausted: set[str] = set()  # queues whose claims here took all there was
+        self.put_back: set[str] = set()  # queues with a dead claim's file put back here
         self.payloads: dict[str, Any] = {}  # of the keyed items made in this group
 
     # -- running ------------------------------------------------------------------------
@@ -434,7 +437,9 @@ class Group:
 
     def result(self, op: Result) -> Verdict:
         row = self._row(op.item_id)
-        if row is None:
+        if row is None or (op.queues is not None and row.queue_name not in op.queues):
+            # (An item of a queue the caller's key may not use is not found: the same answer
+            # as a missing one, so the key learns nothing of other queues' items.)
             raise ItemNotFound(f"item {op.item_id!r} does not exist")
         if row.is_terminal:
             return Verdict(False, row.status, row)
@@ -930,11 +935,16 @@ class Group:
                 for op in ops:
                     self.answers[id(op)] = (False, QueueNotFound(f"queue {name!r} does not exist"))
                 continue
-            taken = self._claim_queue(queue, sum(op.max_items for op in ops))
+            wanted = sum(op.max_items for op in ops)
+            taken = self._claim_queue(queue, wanted)
+            if len(taken) < wanted and name not in self.put_back:
+                self.exhausted.add(name)
             for op in ops:
                 share, taken = taken[: op.max_items], taken[op.max_items :]
                 self.answers[id(op)] = (True, share)
                 self.counters[(name, "claim_attempts")] += 1
+        sql.update_rows(self.claimed_rows)
+        self.claimed_rows = []
 
     def _claim_queue(self, queue: QueueInfo, want: int) -> list[Claimed]:
         expires = self.at + _secs(queue.lease_seconds)
@@ -995,8 +1005,12 @@ class Group:
                     self.latencies.append((queue.name, max(0.0, (self.at - due).total_seconds())))
             if len(candidates) < need:
                 break
-        sql.update_rows(changed)
+        # Written with the other queues' claims of this group, in one statement
+        # (``_claims``); at once only when a vanished row makes its threads settle now.
+        self.claimed_rows += changed
         if self.vanished_in_claims:
+            sql.update_rows(self.claimed_rows)
+            self.claimed_rows = []
             sql.delete_rows([row.id for row in self.vanished_in_claims])
             self.vanished_in_claims.clear()
             self._settle_threads()
@@ -1028,6 +1042,7 @@ class Group:
                 record = {}
             if record.get("rev") == row.rev and record.get("status") == Status.PENDING.value:
                 if self.files.take(queue.name, row.id, State.PROCESSING, State.PENDING):
+                    self.put_back.add(queue.name)
                     log.warning(
                         "claim: item %s was left in processing/ by a claim that died "
                         "before its commit; put back in pending/",
@@ -1071,7 +1086,11 @@ class Group:
     # -- after the commit -----------------------------------------------------------------
 
     def _announce(self) -> None:
-        events.announce_many(list(dict.fromkeys(self.news)))
+        news = list(dict.fromkeys(self.news))
+        # This process's claims in this group took everything claimable of these queues:
+        # its sockets need not look again (other processes' still do).
+        here = [n for n in news if not (n[0] == "claimable" and n[1] in self.exhausted)]
+        events.announce_many(news, here=here if len(here) < len(news) else None)
         for (queue, name), amount in self.counters.items():
             metrics.count(queue, name, amount)
         for queue, seconds in self.latencies:

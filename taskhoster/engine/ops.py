@@ -69,6 +69,9 @@ class Op:
     wire_id: int | None = field(default=None, init=False, repr=False)
     # When it was handed to this process's committer (time.monotonic), for admission.
     submitted: float = field(default=0.0, init=False, repr=False)
+    # ``events.generation()`` when its answer came: news delivered before it came from
+    # groups no later than this operation's (one committer answers in order).
+    generation: int = field(default=0, init=False, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:
         """Sent to a committer process without what waits for it here."""
@@ -124,10 +127,12 @@ class ItemOp(Op):
 
 @dataclass(eq=False)
 class Result(ItemOp):
-    """Rule 3: the first result for a non-terminal item wins."""
+    """Rule 3: the first result for a non-terminal item wins. ``queues``: the queues the
+    caller's key may use (None: any); an item of another queue is not found, for that key."""
 
     item_id: str
     result: Any
+    queues: frozenset[str] | None = None
 
     def item_ids(self) -> tuple[str, ...]:
         return (self.item_id,)

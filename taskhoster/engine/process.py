@@ -118,11 +118,19 @@ class ChildCommitter:
             assert proc is not None
             assert proc.stdin is not None
             op.wire_id = self.next_id
-            op.submitted = time.monotonic()
             self.next_id += 1
+        # Made before the operation is registered: one that cannot be sent (it cannot be
+        # pickled) must not wait for an answer forever (its memory with it).
+        try:
+            data = _frame([(op.wire_id, op)])
+        except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as exc:
+            raise StoreError(f"the operation could not be handed to the committer: {exc}") from None
+        with self.cond:
+            if self.proc is not proc:  # it stopped meanwhile, and answered what it held
+                raise StoreError("the committer process stopped; try again")
+            op.submitted = time.monotonic()
             self.pending[op.wire_id] = op
             self.pending_items += op.size
-        data = _frame([(op.wire_id, op)])
         # If it died, its reader answers what it held, this one included.
         with self.write_lock, contextlib.suppress(OSError, ValueError):
             _write_all(proc.stdin.fileno(), data)

@@ -86,6 +86,14 @@ async def claim_async(*, queue_name: str, max_items: int = 1) -> list[Claimed]:
     return answer
 
 
+async def claim_seen_async(*, queue_name: str, max_items: int) -> tuple[list[Claimed], int]:
+    """``claim_async``, and ``events.generation()`` when its answer came (``Op.generation``):
+    this process's news delivered up to then came from groups no later than the claim's."""
+    op = Claim(queue_name=queue_name, max_items=max_items)
+    answer: list[Claimed] = await execute_async(op)
+    return answer, op.generation
+
+
 def extend(
     *, item_id: str, lease: str | None, seconds: float | None = None
 ) -> tuple[bool, ItemRow]:
@@ -105,14 +113,17 @@ async def extend_async(
 # -- rules 3, 4, 6: result, fail, re-queue ---------------------------------------------------
 
 
-def submit_result(*, item_id: str, result: Any) -> Verdict:
-    """Rule 3: the first result for a non-terminal item wins, lease or no lease."""
-    answer: Verdict = execute(Result(item_id=item_id, result=result))
+def submit_result(*, item_id: str, result: Any, queues: frozenset[str] | None = None) -> Verdict:
+    """Rule 3: the first result for a non-terminal item wins, lease or no lease. ``queues``:
+    those the caller's key may use (an item of another queue is not found for it)."""
+    answer: Verdict = execute(Result(item_id=item_id, result=result, queues=queues))
     return answer
 
 
-async def submit_result_async(*, item_id: str, result: Any) -> Verdict:
-    answer: Verdict = await execute_async(Result(item_id=item_id, result=result))
+async def submit_result_async(
+    *, item_id: str, result: Any, queues: frozenset[str] | None = None
+) -> Verdict:
+    answer: Verdict = await execute_async(Result(item_id=item_id, result=result, queues=queues))
     return answer
 
 

@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from .. import contract, engine
+from ..conf import get_conf
 from ..errors import InvalidInput, ItemNotFound, TaskhosterError, TooLarge
 from ..faults import fault, raise_if_armed
 from ..ids import is_valid_id
@@ -169,6 +170,16 @@ class WorkConsumer(AsyncWebsocketConsumer):
             return
         self.principal = principal
 
+    @property
+    def key_id(self) -> int | None:
+        """The id of the key this socket authenticated with (None before it has)."""
+        return self.principal.key_id if self.principal is not None else None
+
+    async def revoked(self) -> None:
+        """Its key was revoked: close the socket (4401); what it holds is re-queued."""
+        if not self.closed:
+            await self._refuse(CLOSE_UNAUTHORIZED, "unauthorized", "this key was revoked")
+
     async def _refuse(self, code: int, error: str, message: str) -> None:
         await self._error(error, message)
         await self._close(code)
@@ -280,10 +291,16 @@ class WorkConsumer(AsyncWebsocketConsumer):
             raise TooLarge(f"a frame is at most {limit} bytes")
         try:
             message = json.loads(text_data)
-        except (ValueError, RecursionError):
+        except ValueError:
             raise InvalidInput("a frame is one JSON object", code="bad_json") from None
+        except RecursionError:
+            most = get_conf().max_json_depth
+            raise InvalidInput(
+                f"the JSON is nested more than {most} levels deep", code="too_deep"
+            ) from None
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):
             raise InvalidInput("a frame is a JSON object with a 'type'", code="bad_frame")
+        contract.check_depth(text_data, message)
         kind = message["type"]
         if kind not in contract.FRAMES:
             raise InvalidInput(f"unknown frame type {kind!r}", code="unknown_type")
@@ -325,8 +342,13 @@ class WorkConsumer(AsyncWebsocketConsumer):
         item_id = message["id"]
         holding = self.held.get(item_id)
         stale = self._stale(message, holding)
+        assert self.principal is not None
+        # The key's queue limits hold for every frame that names an item: a result for an
+        # item of a queue it may not use is not found (checked by the group, with the row).
         verdict = asyncio.ensure_future(
-            engine.submit_result_async(item_id=item_id, result=message["result"])
+            engine.submit_result_async(
+                item_id=item_id, result=message["result"], queues=self.principal.queues
+            )
         )
         if stale:
             # An earlier attempt's result: still submitted (rule 3), but the attempt this

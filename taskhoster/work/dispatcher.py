@@ -38,6 +38,7 @@ from .. import bus, engine, events, metrics
 from ..conf import get_conf
 from ..errors import QueueNotFound
 from ..faults import fault
+from ..keys import KEY_REVOKED, live_key_ids
 from ..osthread import name_os_thread
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,9 @@ class Dispatcher:
         self.serving: dict[str, set[Worker]] = {}
         self.filed: dict[Worker, tuple[str, ...]] = {}
         self.claiming: dict[str, int] = {}  # claims in flight, per queue
-        self.dirty: set[str] = set()
+        self.dirty: set[str] = set()  # queues to look at again when a claim ends
+        # The same, for local news only: the latest news generation that marked each.
+        self.dirty_local: dict[str, int] = {}
         self.timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
         self.listener = bus.Listener(self._news)
         self.backstop: asyncio.Task[None] | None = None
@@ -108,16 +111,24 @@ class Dispatcher:
         """Called in whichever thread committed the change: once per group."""
         wanted = [n for n in news if n[0] != "verdict"]  # verdicts are for long-polls only
         if wanted:
+            seen = events.generation()  # this batch's, or later: never earlier
             with contextlib.suppress(RuntimeError):  # the loop has closed
-                self.loop.call_soon_threadsafe(self._news, wanted)
+                self.loop.call_soon_threadsafe(self._news, wanted, seen)
 
-    def _news(self, news: Sequence[events.News]) -> None:
+    def _news(self, news: Sequence[events.News], seen: int | None = None) -> None:
+        """``seen``: for news of this process's own committer, the news generation it came
+        with (None: another process's, by the bus)."""
         for kind, queue, item_id in news:
-            self._one_piece(kind, queue, item_id)
+            self._one_piece(kind, queue, item_id, seen)
 
-    def _one_piece(self, kind: str, queue: str, item_id: str) -> None:
-        if kind == "claimable":
-            self.wake(queue)
+    def _one_piece(self, kind: str, queue: str, item_id: str, seen: int | None = None) -> None:
+        if kind in ("claimable", events.POSTING):
+            self.wake(queue, seen=seen)
+        elif kind == KEY_REVOKED:
+            # ``item_id`` carries the key's id: its sockets close (4401), in every process.
+            for socket in list(self.sockets):
+                if socket.key_id == int(item_id):
+                    self.loop.create_task(socket.revoked())
         elif kind == engine.QUEUE_DELETED:
             # ``item_id`` carries the deleted queue's id: a queue of the same name made since
             # is another queue, whose items stay. (Every socket: one may hold items of a
@@ -172,16 +183,23 @@ class Dispatcher:
         for queue in worker.queues:
             self.wake(queue)
 
-    def wake(self, queue: str) -> None:
+    def wake(self, queue: str, *, seen: int | None = None) -> None:
         """Claim for the free slots of this process's sockets on ``queue`` (not already
         reserved by a claim in flight). Claims do not wait for each other: each freed slot
-        can join the very next group commit."""
+        can join the very next group commit. ``seen``: woken by this process's own news, of
+        that news generation."""
         serving = self.serving.get(queue, ())
         if not any(self._free(w) > 0 for w in serving):
             if self.claiming.get(queue) or any(w.reserved for w in serving):
                 # News while a claim is in flight (for this queue, or for another queue of
                 # these sockets, holding their free slots): look once more when one ends.
-                self.dirty.add(queue)
+                # Not for local news that a claim of this queue answered after, with less
+                # than it asked: one committer answers in order, so that claim's group came
+                # no earlier than the news's, and took all there was (``_claim``).
+                if seen is None:
+                    self.dirty.add(queue)
+                else:
+                    self.dirty_local[queue] = max(seen, self.dirty_local.get(queue, 0))
             return
         self.claiming[queue] = self.claiming.get(queue, 0) + 1
         self.loop.create_task(self._claim(queue))
@@ -198,6 +216,7 @@ class Dispatcher:
         again = False
         try:
             self.dirty.discard(queue)
+            self.dirty_local.pop(queue, None)
             wanting = sorted(
                 (w for w in self.serving.get(queue, ()) if self._free(w) > 0),
                 key=lambda w: w.last_served,
@@ -219,7 +238,9 @@ class Dispatcher:
             if fault("dispatch.slow_claim"):
                 await asyncio.sleep(1.0)
             try:
-                claimed = await engine.claim_async(queue_name=queue, max_items=total)
+                claimed, seen = await engine.claim_seen_async(queue_name=queue, max_items=total)
+                if len(claimed) < total and self.dirty_local.get(queue, seen + 1) <= seen:
+                    del self.dirty_local[queue]  # that news was this claim's to see: it did
             except QueueNotFound:
                 claimed = []
             except Exception:
@@ -238,7 +259,8 @@ class Dispatcher:
         # that had news meanwhile (each marks itself again if its slots are still taken).
         if again:
             self.dirty.add(queue)
-        looked_at, self.dirty = self.dirty, set()
+        looked_at = self.dirty | set(self.dirty_local)
+        self.dirty, self.dirty_local = set(), {}
         for name in sorted(looked_at):
             self.wake(name)
 
@@ -301,7 +323,15 @@ class Dispatcher:
 
     async def recheck(self) -> None:
         """Look again, in one query, at every queue a socket has a free slot for: claim for
-        those with a due item, arm a timer for the others' next delayed item."""
+        those with a due item, arm a timer for the others' next delayed item. And, in one
+        more, whether every open socket's key is still live (a revocation whose news was
+        lost closes its sockets here)."""
+        keys = {s.key_id for s in list(self.sockets) if s.key_id is not None}
+        if keys:
+            live = await run_sync(live_key_ids, keys)
+            for socket in list(self.sockets):
+                if socket.key_id is not None and socket.key_id not in live:
+                    self.loop.create_task(socket.revoked())
         queues = sorted(
             q for q, serving in self.serving.items() if any(self._free(w) > 0 for w in serving)
         )

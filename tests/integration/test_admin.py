@@ -292,3 +292,89 @@ def test_key_created_shown_once_stored_hashed_and_revoked(staff: Client) -> None
         {"action": "revoke_keys", "_selected_action": [key.pk], "csrfmiddlewaretoken": token},
     )
     assert authenticate(secret.group(0)) is None
+
+
+# -- Django's model permissions: a staff user may do what its permissions say, no more -------
+
+
+def staff_with(*codenames: str) -> Client:
+    from django.contrib.auth.models import Permission
+
+    user = User.objects.create_user(
+        f"s-{len(codenames)}-{'-'.join(codenames)}"[:150], password="pw", is_staff=True
+    )
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    client = Client(enforce_csrf_checks=True)
+    client.login(username=user.username, password="pw")
+    return client
+
+
+@pytest.mark.parametrize(
+    ("action", "needs"),
+    [("delete_selected_items", "delete_item"), ("restart_selected_items", "change_item")],
+)
+def test_a_view_only_staff_user_cannot_use_an_item_action(
+    make_queue: Any, action: str, needs: str
+) -> None:
+    item = failed_item(make_queue)
+    viewer = staff_with("view_item", "view_queue")
+    page = viewer.get(ITEMS)
+    assert page.status_code == 200
+    assert action not in page.content.decode(), "the action is not offered"
+    token = csrf(viewer, ITEMS)
+    data = {"action": action, "_selected_action": [item.id], "confirm": "yes"}
+    viewer.post(ITEMS, {**data, "csrfmiddlewaretoken": token})
+    stored = Item.objects.get(id=item.id)
+    assert (stored.status, stored.attempts) == ("failed", item.attempts), "nothing changed"
+    allowed = staff_with("view_item", needs)
+    assert action in allowed.get(ITEMS).content.decode()
+    allowed.post(ITEMS, {**data, "csrfmiddlewaretoken": csrf(allowed, ITEMS)})
+    changed = Item.objects.filter(id=item.id).first()
+    assert changed is None or changed.status == "pending", "with the permission, it works"
+
+
+def test_a_view_only_staff_user_cannot_delete_matching(make_queue: Any) -> None:
+    make_queue("q")
+    item = post(payload=1)
+    viewer = staff_with("view_item")
+    url = reverse("admin:taskhoster_item_delete_matching")
+    assert "th-delete-matching" not in viewer.get(ITEMS).content.decode()
+    assert viewer.get(url).status_code == 403
+    token = csrf(viewer, ITEMS)
+    assert viewer.post(url, {"confirm": "yes", "csrfmiddlewaretoken": token}).status_code == 403
+    assert Item.objects.filter(id=item.id).exists()
+
+
+def test_a_staff_user_without_view_queue_does_not_see_the_overview(make_queue: Any) -> None:
+    make_queue("secret-queue-name")
+    nobody = staff_with()
+    answer = nobody.get("/admin/taskhoster/queue/overview/")
+    assert answer.status_code == 403
+    assert b"secret-queue-name" not in answer.content
+    assert b"th-overview-link" not in nobody.get("/admin/").content
+    viewer = staff_with("view_queue")
+    assert b"secret-queue-name" in viewer.get("/admin/taskhoster/queue/overview/").content
+
+
+def test_a_view_only_staff_user_cannot_revoke_a_key() -> None:
+    from taskhoster.keys import create_key
+
+    key, secret = create_key(name="k", scopes=["work"])
+    url = "/admin/taskhoster/apikey/"
+    viewer = staff_with("view_apikey")
+    assert "revoke_keys" not in viewer.get(url).content.decode()
+    token = csrf(viewer, url)
+    viewer.post(
+        url, {"action": "revoke_keys", "_selected_action": [key.pk], "csrfmiddlewaretoken": token}
+    )
+    assert authenticate(secret) is not None, "the key still works"
+    allowed = staff_with("view_apikey", "change_apikey")
+    allowed.post(
+        url,
+        {
+            "action": "revoke_keys",
+            "_selected_action": [key.pk],
+            "csrfmiddlewaretoken": csrf(allowed, url),
+        },
+    )
+    assert authenticate(secret) is None

@@ -1,6 +1,7 @@
 """Authentication and authorisation (SPEC section 5, I8): ``Authorization: Token <key>`` on every
 call; a missing, malformed, wrong or revoked key is 401; a key without the scope, or limited to
-other queues, is 403; a refused call changes nothing. Keys are stored hashed and made by
+other queues, is 403 (an item of a queue it may not use is not found, 404, as a missing one);
+a refused call changes nothing. Keys are stored hashed and made by
 ``manage.py createkey``; the admin is for staff only."""
 
 from __future__ import annotations
@@ -190,11 +191,36 @@ def test_any_scope_may_read_queues(world, client_with, name, scope):
 # -- 403: queues -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", QUEUE_SCOPED)
+ITEM_SCOPED = sorted(n for n in QUEUE_SCOPED if "/api/items/" in ENDPOINTS[n][1])
+QUEUE_PATH_SCOPED = sorted(set(QUEUE_SCOPED) - set(ITEM_SCOPED))
+
+
+@pytest.mark.parametrize("name", QUEUE_PATH_SCOPED)
 def test_a_key_limited_to_other_queues_is_refused_with_403(world, client_with, name):
     client = client_with("produce,work,manage", ["q"])
     error = refused(world, call(world, client, name, other=True), 403)
     assert error["code"] == "forbidden"
+
+
+@pytest.mark.parametrize("name", ITEM_SCOPED)
+def test_an_item_of_a_queue_the_key_may_not_use_is_answered_as_a_missing_one(
+    world, client_with, name
+):
+    """A 403 would tell a key limited to some queues which ids exist in the others: such an
+    item is not found for it, exactly as an id nobody posted (and nothing changes)."""
+    client = client_with("produce,work,manage", ["q"])
+    method, path, body, _scopes = ENDPOINTS[name]
+    elsewhere = send(world, method, on_other_queue(path), body, client=client)
+    missing = on_other_queue(path).replace("{other}", "0661" + "0" * 16)
+    nowhere = send(world, method, missing, body, client=client)
+    assert elsewhere.status_code == nowhere.status_code
+    if name == "result":  # rule 9's answer for a result of no item: accepted false
+        assert elsewhere.json() == nowhere.json() == {"accepted": False, "status": None}
+        assert snapshot(world.root) == world.before
+        return
+    error = refused(world, elsewhere, 404)
+    assert error["code"] == "item_not_found"
+    assert refused(world, nowhere, 404)["code"] == "item_not_found"
 
 
 @pytest.mark.parametrize("name", QUEUE_SCOPED)

@@ -416,8 +416,14 @@ def test_a_payload_nested_too_deeply_is_refused(q):
     deep: list[Any] = []
     for _ in range(5000):
         deep = [deep]
-    with pytest.raises(InvalidInput, match="nested too deeply"):
+    with pytest.raises(InvalidInput, match="nested more than 100 levels"):
         local.post("q", deep)
+    shallower: list[Any] = []
+    for _ in range(150):  # deeper than MAX_JSON_DEPTH, yet within Python's own limits
+        shallower = [shallower]
+    with pytest.raises(InvalidInput, match="nested more than 100 levels") as caught:
+        local.post("q", shallower)
+    assert caught.value.code == "too_deep"
 
 
 def test_a_naive_datetime_is_refused(q):
