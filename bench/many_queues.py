@@ -255,8 +255,19 @@ def profiler(args: argparse.Namespace, pid: int, name: str) -> subprocess.Popen[
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     args.profile.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        [spy, "record", "--subprocesses", "-p", str(pid), "-r", "200", "-f", "raw"]
-        + ["-o", str(args.profile / f"{name}.txt")],
+        [
+            spy,
+            "record",
+            "--subprocesses",
+            "-p",
+            str(pid),
+            "-r",
+            "200",
+            "-f",
+            "raw",
+            "-o",
+            str(args.profile / f"{name}.txt"),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -234,6 +234,7 @@ class ServeMany:
                 "TASKHOSTER_PYTHON": sys.executable,
                 "TASKHOSTER_PROCESSES": str(processes),
                 "TASKHOSTER_SWEEP_EVERY": "1",
+                "TASKHOSTER_WS_MAX": str((1024 * 1024 + 65536) * 2),
                 "HOST": "127.0.0.1",
                 "PORT": str(self.port),
             }

@@ -18,6 +18,7 @@ from taskhoster.routing import websocket_urlpatterns  # noqa: E402
 # request waits for a committer process to start.
 asgi.start()
 asgi.skip_twisted_form_parsing()
+asgi.refuse_bodies_early()  # a body that will be refused is refused before it is read
 
 application = ProtocolTypeRouter(
     {

@@ -44,6 +44,21 @@ CSRF_TRUSTED_ORIGINS = [
     o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o
 ]
 
+# Served over HTTPS (TLS ended by a proxy in front, which says so in X-Forwarded-Proto):
+# TASKHOSTER_HTTPS=1 redirects plain HTTP (but /healthz and /metrics, which load balancers
+# and Prometheus may ask over plain HTTP), sends HSTS and marks the cookies secure, so that
+# `manage.py check --deploy` passes. HSTS is a promise browsers keep for its whole max-age:
+# TASKHOSTER_HSTS_SECONDS (a year) and TASKHOSTER_HSTS_PRELOAD (on) change it.
+if _env_flag("TASKHOSTER_HTTPS", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = int(os.environ.get("TASKHOSTER_HSTS_SECONDS", 365 * 24 * 3600))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = _env_flag("TASKHOSTER_HSTS_PRELOAD", True)
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -152,6 +167,9 @@ TASKHOSTER = {
     "MIN_FREE_BYTES": int(os.environ.get("TASKHOSTER_MIN_FREE_BYTES", 64 * 1024 * 1024)),
     "MIN_FREE_INODES": int(os.environ.get("TASKHOSTER_MIN_FREE_INODES", 4096)),
     "METRICS_PUBLIC": _env_flag("TASKHOSTER_METRICS_PUBLIC", False),
+    "LONG_POLL_INTERVAL": float(os.environ.get("TASKHOSTER_LONG_POLL_INTERVAL", 1.0)),
+    "MAX_WAITS_PER_KEY": int(os.environ.get("TASKHOSTER_MAX_WAITS_PER_KEY", 50)),
+    "MAX_REQUEST_THREADS": int(os.environ.get("TASKHOSTER_MAX_REQUEST_THREADS", 64)),
     # Declared by scripts/serve-many; the system checks refuse SQLite for several processes.
     "PROCESSES": int(os.environ.get("TASKHOSTER_PROCESSES") or 1),
 }

@@ -13,6 +13,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import get_script_prefix, reverse
 from django.utils.html import format_html, format_html_join
 
+from taskhoster.asyncapi import public_host
+
 # Where this project mounts the app (project/urls.py includes taskhoster.urls at the root).
 LINKS = (
     ("admin", "The admin (staff log in)", None),
@@ -33,12 +35,13 @@ def _version() -> str:
 
 def _links(request: HttpRequest) -> dict[str, str]:
     prefix = get_script_prefix()
+    host = public_host(request)  # never a Host header any client could make up
+    scheme = "https" if request.is_secure() else "http"
     links = {}
     for name, _title, path in LINKS:
         url = reverse("admin:index") if path is None else prefix + path
-        links[name] = request.build_absolute_uri(url)
-    scheme = "wss" if request.is_secure() else "ws"
-    links["socket"] = f"{scheme}://{request.get_host()}{prefix}work"
+        links[name] = f"{scheme}://{host}{url}"
+    links["socket"] = f"{'wss' if request.is_secure() else 'ws'}://{host}{prefix}work"
     return links
 
 

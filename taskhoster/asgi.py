@@ -46,13 +46,15 @@ from django.core import signals
 from django.core.exceptions import DisallowedHost, RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.http.request import split_domain_port, validate_host
 from django.urls import Resolver404, get_resolver, set_script_prefix
 
-from . import health, identity
+from . import bus, health, identity
+from .conf import get_conf
 from .engine import committer
+from .keys import parse_authorization, secret_hash
 from .osthread import name_os_thread
 
 log = logging.getLogger(__name__)
@@ -133,8 +135,6 @@ def start() -> None:
     Optional: without it the committer starts itself on first use, and the state root is made
     with the first queue (until then ``/healthz`` reports it missing).
     """
-    from .conf import get_conf
-
     if committer.start_is_held():
         return  # the system checks are importing the ASGI module: nothing is started
     # A root that cannot be made is reported by /healthz, not raised here.
@@ -147,6 +147,7 @@ def start() -> None:
             # The database is away: /healthz says so; the committer checks before it writes.
             log.warning("could not compare the state root's identity with the index: %s", exc)
     committer.start()
+    bus.listen_in_background()  # other processes' news: for long-polls and sockets alike
     health.monitor.start()  # /healthz from now on: at once, from its latest report
 
 
@@ -170,6 +171,102 @@ def skip_twisted_form_parsing() -> None:
     twisted_http._parseContentType = _media_type
 
 
+#: A request to the API without a key may carry at most this much of a body: more is
+#: refused (401) before it is read (``refuse_bodies_early``).
+KEYLESS_BODY_BYTES = 64 * 1024
+
+
+def refuse_bodies_early() -> None:
+    """Under daphne: refuse a request body before reading it, when it will be refused anyway.
+
+    Daphne reads a whole request body (into memory or a temporary file) before the
+    application sees the request, so a 300 MB POST without a key was read whole just to be
+    told 401, and a 60 MB one with a made-up key held the event loop for its length. With
+    this, twisted answers at once, as soon as the headers are in, and closes the connection:
+
+    - a body longer than the body limit (``Content-Length``, or a chunked body as it
+      arrives): 413 ``too_large``;
+    - a body over ``KEYLESS_BODY_BYTES`` to ``/api/`` without an ``Authorization: Token``
+      header: 401 ``unauthorized``.
+
+    A well-formed key is judged by the application, before the body is parsed
+    (``api.auth.KnownKeys``). Like ``skip_twisted_form_parsing`` it changes twisted for the
+    whole process: it is the server's choice to call it.
+    """
+    from twisted.web import http as twisted_http
+
+    channel = twisted_http.HTTPChannel
+    if getattr(channel, "_taskhoster_refusing", False):
+        return
+    headers_done = channel.allHeadersReceived
+    chunk = twisted_http.Request.handleContentChunk
+
+    def all_headers_received(self: Any) -> None:
+        headers_done(self)
+        request = self.requests[-1] if self.requests else None
+        if request is None:
+            return
+        limit = get_conf().max_body_bytes
+        if self.length is not None and self.length > limit:
+            _refuse_early(self, 413, "too_large", f"the request body is larger than {limit} bytes")
+            return
+        path = bytes(getattr(self, "_path", b"") or b"").split(b"?", 1)[0]  # (the request's
+        # own uri is set only once its body is in)
+        key = request.requestHeaders.getRawHeaders(b"authorization") or []
+        if (
+            (self.length or 0) > KEYLESS_BODY_BYTES
+            and b"/api/" in path
+            and not any(parse_authorization(v.decode("latin-1")) for v in key)
+        ):
+            _refuse_early(
+                self,
+                401,
+                "unauthorized",
+                "this needs an API key: send the header Authorization: Token <key>",
+                [(b"www-authenticate", b"Token")],
+            )
+
+    def handle_content_chunk(self: Any, data: bytes) -> None:
+        received = getattr(self, "_taskhoster_received", 0) + len(data)
+        self._taskhoster_received = received
+        limit = get_conf().max_body_bytes
+        if received > limit:
+            if not getattr(self, "_taskhoster_refused", False):
+                self._taskhoster_refused = True
+                _refuse_early(
+                    self.channel, 413, "too_large", f"the request body is larger than {limit} bytes"
+                )
+            return
+        chunk(self, data)
+
+    channel.allHeadersReceived = all_headers_received  # type: ignore[method-assign]
+    twisted_http.Request.handleContentChunk = handle_content_chunk  # type: ignore[method-assign]
+    channel._taskhoster_refusing = True  # type: ignore[attr-defined]
+
+
+def _refuse_early(
+    channel: Any,
+    status: int,
+    code: str,
+    message: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """Answer on a twisted channel before the body is read, and close the connection."""
+    if channel is None or getattr(channel, "transport", None) is None:
+        return
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    reason = {401: b"Unauthorized", 413: b"Payload Too Large"}.get(status, b"Error")
+    lines = [
+        b"HTTP/1.1 %d %s" % (status, reason),
+        b"content-type: application/json",
+        b"content-length: %d" % len(body),
+        b"connection: close",
+        *(name + b": " + value for name, value in headers or []),
+    ]
+    channel.transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+    channel.loseConnection()
+
+
 # What a request is to the handler (``OneHopASGIHandler._kind``).
 LOOP = "loop"
 HEALTH = "health"
@@ -177,6 +274,14 @@ OVERLOADED_MESSAGE = (
     "the server is overloaded: posts wait for work already accepted; try again after the "
     "Retry-After seconds"
 )
+
+
+def _authorization(scope: dict[str, Any]) -> str | None:
+    """The secret of the request's ``Authorization: Token <key>`` header, if it has one."""
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            return parse_authorization(value.decode("latin-1"))
+    return None
 
 
 def _host_allowed_in(scope: dict[str, Any]) -> bool:
@@ -240,6 +345,8 @@ class OneHopASGIHandler(ASGIHandler):
             and not getattr(settings, "CSRF_USE_SESSIONS", False)
         )
         self.loop_paths: dict[str, str] = {}
+        self.size = size
+        self.extra = 0  # threads of their own, for requests beyond the pool's
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -275,6 +382,18 @@ class OneHopASGIHandler(ASGIHandler):
     async def _respond_in_thread(self, scope: dict[str, Any], body_file: Any, send: Any) -> None:
         loop = asyncio.get_running_loop()
         own = not self.free
+        if own and self.size + self.extra >= get_conf().max_request_threads:
+            # Every thread is taken (long-polls hold theirs): refuse at once, never queue.
+            message = "the server is overloaded: every request thread is busy; try again"
+            await _send_json(
+                send,
+                503,
+                {"error": {"code": "overloaded", "message": message}},
+                [(b"retry-after", b"1")],
+            )
+            return
+        if own:
+            self.extra += 1
         executor = ThreadPoolExecutor(max_workers=1) if own else self.free.pop()
         try:
             response = await loop.run_in_executor(executor, self._respond, scope, body_file)
@@ -287,6 +406,10 @@ class OneHopASGIHandler(ASGIHandler):
                     await loop.run_in_executor(executor, response.close)
         finally:
             if own:
+                self.extra -= 1
+                # A thread of the moment: its database connection goes with it, now (left to
+                # the garbage collector, hundreds of descriptors stayed open after a burst).
+                executor.submit(connections.close_all)
                 executor.shutdown(wait=False)
             else:
                 self.free.append(executor)
@@ -325,6 +448,15 @@ class OneHopASGIHandler(ASGIHandler):
         if found is None or not _host_allowed_in(scope):
             return False
         healthy, body = found
+        secret = _authorization(scope)
+        if secret is None:
+            body = health.public(body)
+        else:
+            from .api.auth import known_keys  # (the API is set up once Django is)
+
+            hashed = secret_hash(secret)
+            if hashed is None or hashed not in known_keys:
+                return False  # a key to judge: Django's view does, with the database
         await _send_json(send, 200 if healthy else 503, body, head=scope.get("method") == "HEAD")
         return True
 

@@ -18,6 +18,7 @@ import dataclasses
 from importlib import metadata
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
@@ -360,10 +361,23 @@ def _version() -> str:
         return "0.0.0"
 
 
+def public_host(request: HttpRequest) -> str:
+    """The host to name in links: the request's ``Host`` when ``ALLOWED_HOSTS`` names the
+    hosts it may be (Django checks it); with ``ALLOWED_HOSTS = ["*"]`` any ``Host`` passes,
+    so the address the server answers on is named instead (never a header echoed back into
+    a document a client trusts)."""
+    if "*" not in settings.ALLOWED_HOSTS:
+        return request.get_host()
+    name = str(request.META.get("SERVER_NAME") or "localhost")
+    port = str(request.META.get("SERVER_PORT") or "")
+    default = "443" if request.is_secure() else "80"
+    return name if port in ("", default) else f"{name}:{port}"
+
+
 @require_GET
 def asyncapi_view(request: HttpRequest) -> HttpResponse:
-    """``GET /api/asyncapi``: the document, naming the server as the request reached it."""
+    """``GET /api/asyncapi``: the document, naming the server it was asked of."""
     document = build_document(
-        host=request.get_host(), protocol="wss" if request.is_secure() else "ws"
+        host=public_host(request), protocol="wss" if request.is_secure() else "ws"
     )
     return JsonResponse(document)

@@ -171,7 +171,37 @@ def publish(news: Sequence[News]) -> None:
         publisher.publish(data)
 
 
-# -- listening (server processes with sockets) ---------------------------------------------
+# -- listening (server processes) ----------------------------------------------------------
+
+_background: dict[tuple[str, str], Listener] = {}
+_background_lock = threading.Lock()
+
+
+def listen_in_background() -> None:
+    """Hear other processes' news in this process, from now on: one listener, on an event
+    loop of a thread of its own, hands what it hears to ``events.deliver(remote=True)``,
+    whence it reaches long-polls and the ``/work`` dispatcher alike. Idempotent (one per
+    bus and state root)."""
+    from . import events
+
+    conf = get_conf()
+    key = ("redis", conf.redis_url) if conf.redis_url else ("doorbell", str(_doorbell_dir()))
+    with _background_lock:
+        if key in _background:
+            return
+        loop = asyncio.new_event_loop()
+        listener = Listener(lambda news: events.deliver(news, remote=True))
+        started = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            listener.start(loop)
+            started.set()
+            loop.run_forever()
+
+        threading.Thread(target=run, name="taskhoster-bus", daemon=True).start()
+        started.wait(10)
+        _background[key] = listener
 
 
 class Listener:

@@ -159,6 +159,15 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=1,
     ),
     Setting(
+        "MAX_SOCKET_HELD_BYTES",
+        16 * 1024 * 1024,
+        "int",
+        "A /work socket gets no more items while the frames of those it holds add up to "
+        "this many bytes (a worker that does not read costs the server this much, not its "
+        "capacity times the largest payload); it always may hold one.",
+        minimum=1,
+    ),
+    Setting(
         "MAX_SUBSCRIBE_QUEUES",
         100,
         "int",
@@ -202,9 +211,10 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "LONG_POLL_INTERVAL",
-        0.1,
+        1.0,
         "float",
-        "How often a long-poll looks again when no news woke it.",
+        "How often a long-poll looks again when no news woke it (news of its item or queue "
+        "wakes it at once, from any process).",
         minimum=0,
         above=True,
     ),
@@ -252,6 +262,23 @@ SETTINGS: tuple[Setting, ...] = (
         "int",
         "Overload: while this many items or more (of posts, claims, results...) wait for "
         "this process's committer, new posts are refused at once (503 overloaded).",
+        minimum=1,
+    ),
+    Setting(
+        "MAX_REQUEST_THREADS",
+        64,
+        "int",
+        "Under taskhoster.asgi's handler, the most threads that answer requests at once "
+        "(16 kept, the rest made for the moment); beyond, a request is refused at once with "
+        "503 overloaded.",
+        minimum=16,
+    ),
+    Setting(
+        "MAX_WAITS_PER_KEY",
+        50,
+        "int",
+        "The most long-polls (a GET of an item with wait, a claim with wait) one key may have "
+        "waiting in one server process; more are answered at once, without waiting.",
         minimum=1,
     ),
     Setting(
@@ -320,6 +347,7 @@ class Conf:
     max_wait_seconds: float
     max_claim: int
     max_capacity: int
+    max_socket_held_bytes: int
     max_subscribe_queues: int
     max_delete_ids: int
     page_size: int
@@ -332,6 +360,8 @@ class Conf:
     background_chunk_seconds: float
     admission_wait_seconds: float
     admission_max_items: int
+    max_request_threads: int
+    max_waits_per_key: int
     health_interval: float
     min_free_bytes: int
     min_free_inodes: int
@@ -383,6 +413,7 @@ def _read() -> Conf:
         max_wait_seconds=float(merged["MAX_WAIT_SECONDS"]),
         max_claim=int(merged["MAX_CLAIM"]),
         max_capacity=int(merged["MAX_CAPACITY"]),
+        max_socket_held_bytes=int(merged["MAX_SOCKET_HELD_BYTES"]),
         max_subscribe_queues=int(merged["MAX_SUBSCRIBE_QUEUES"]),
         max_delete_ids=int(merged["MAX_DELETE_IDS"]),
         page_size=int(merged["PAGE_SIZE"]),
@@ -395,6 +426,8 @@ def _read() -> Conf:
         background_chunk_seconds=float(merged["BACKGROUND_CHUNK_SECONDS"]),
         admission_wait_seconds=float(merged["ADMISSION_WAIT_SECONDS"]),
         admission_max_items=int(merged["ADMISSION_MAX_ITEMS"]),
+        max_request_threads=int(merged["MAX_REQUEST_THREADS"]),
+        max_waits_per_key=int(merged["MAX_WAITS_PER_KEY"]),
         health_interval=float(merged["HEALTH_INTERVAL"]),
         min_free_bytes=int(merged["MIN_FREE_BYTES"]),
         min_free_inodes=int(merged["MIN_FREE_INODES"]),

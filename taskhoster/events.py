@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from .faults import fault
@@ -19,16 +20,25 @@ from .faults import fault
 log = logging.getLogger(__name__)
 
 News = tuple[str, str, str]  # kind, queue, item id
-Listener = Callable[[Sequence[News]], None]
+# Called with each batch, and whether it came from another process (by the bus).
+Listener = Callable[[Sequence[News], bool], None]
 
 _condition = threading.Condition()
 _generation = 0
 _listeners: list[Listener] = []
+# The generation of the latest news naming each item (a verdict, a removal) and each queue
+# (claimable, deleted), so that a long-poll wakes for its own news only, not for every
+# batch (``wait_for``). Bounded: the oldest are forgotten first (a long-poll whose news was
+# forgotten finds out at its next look, ``LONG_POLL_INTERVAL``).
+_named: OrderedDict[str, int] = OrderedDict()
+NAMED_MOST = 100_000
 
 
 def subscribe(listener: Listener) -> None:
-    """Call ``listener(batch)`` after each batch of news: ``(kind, queue, item_id)`` each,
-    where ``kind`` is ``claimable``, ``verdict``, ``removed:<reason>`` or ``queue-deleted``."""
+    """Call ``listener(batch, remote)`` after each batch of news: ``(kind, queue, item_id)``
+    each, where ``kind`` is ``claimable``, ``verdict``, ``removed:<reason>``,
+    ``queue-deleted`` (or ``key-revoked``, ``posting``); ``remote``: it came from another
+    process, by the bus."""
     _listeners.append(listener)
 
 
@@ -73,33 +83,58 @@ def posting(queue: str) -> None:
     last in a group) rather than wait for the news of its commit. A hint, never published;
     the group leaves out of this process's news what its own claims took (``here``)."""
     for listener in list(_listeners):
-        listener([(POSTING, queue, "")])
+        listener([(POSTING, queue, "")], False)
 
 
-def deliver(news: Sequence[News]) -> None:
-    """Wake this process's long-polls and listeners (``news`` may be empty: a wake-up)."""
+def deliver(news: Sequence[News], *, remote: bool = False) -> None:
+    """Wake this process's long-polls and listeners (``news`` may be empty: a wake-up).
+    ``remote``: news of another process, heard on the bus (``bus.listen_in_background``)."""
     global _generation
     with _condition:
         _generation += 1
+        for piece in news:
+            name = _name_of(piece)
+            if name:
+                _named[name] = _generation
+                _named.move_to_end(name)
+        while len(_named) > NAMED_MOST:
+            _named.popitem(last=False)
         _condition.notify_all()
     for listener in list(_listeners):
-        listener(news)
+        listener(news, remote)
 
 
-def generation() -> int:
-    return _generation
+def _name_of(piece: News) -> str:
+    """What a long-poll waits on, for a piece of news: ``i:<item id>`` (a verdict, a
+    removal), ``c:<queue>`` (claimable), ``d:<queue>`` (deleted); "" for the rest."""
+    kind, queue, item_id = piece
+    if kind == "claimable":
+        return f"c:{queue}"
+    if kind == "queue-deleted":
+        return f"d:{queue}"
+    if kind == "verdict" or kind.startswith("removed:"):
+        return f"i:{item_id}"
+    return ""
 
 
-def wait_for_news(since: int, timeout: float) -> int:
-    """Block until an event after generation ``since``, or ``timeout`` seconds.
+def named_since(names: Sequence[str], since: int) -> bool:
+    """Whether news after generation ``since`` named any of ``names`` (``_name_of``)."""
+    return any(_named.get(name, 0) > since for name in names)
 
-    Returns the generation then current.
-    """
+
+def wait_for(names: Sequence[str], since: int, timeout: float) -> int:
+    """Block until news after generation ``since`` names one of ``names`` (``_name_of``), or
+    ``timeout`` seconds; the generation then current. Other news wakes the thread only to
+    look at a dictionary, never the database."""
     deadline = time.monotonic() + timeout
     with _condition:
-        while _generation == since:
+        while not named_since(names, since):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             _condition.wait(remaining)
         return _generation
+
+
+def generation() -> int:
+    return _generation

@@ -162,6 +162,17 @@ def committer_backlog() -> dict[str, Any]:
     return {"waitingItems": items, "oldestWaitSeconds": round(oldest, 3)}
 
 
+def public(body: dict[str, Any]) -> dict[str, Any]:
+    """What anyone may see of a report: whether the process is ready, and which part is not.
+    The names of the database, the state root's path, the process's pid and the errors
+    (which name hosts and paths) are for a caller with a key."""
+    shown: dict[str, Any] = {"status": body["status"]}
+    for part in ("database", "bus", "stateRoot"):
+        if part in body:
+            shown[part] = {"reachable": bool(body[part].get("reachable"))}
+    return shown
+
+
 def report() -> tuple[bool, dict[str, Any]]:
     """(healthy, the body of ``/healthz``)."""
     parts = {
@@ -206,6 +217,20 @@ class Monitor:
             return None
         return latest[1], {**latest[2], "committer": committer_backlog()}
 
+    def _log_changes(self, body: dict[str, Any]) -> None:
+        """Say in the log when a part stops answering (with its error, which /healthz tells
+        only a caller with a key) and when it answers again."""
+        before = self.latest[2] if self.latest is not None else {}
+        for part in ("database", "bus", "stateRoot"):
+            now, then = body.get(part, {}), before.get(part, {"reachable": True})
+            if now.get("reachable") == then.get("reachable"):
+                continue
+            if now.get("reachable"):
+                log.warning("health: the %s answers again", part)
+            else:
+                details = {k: v for k, v in now.items() if k != "reachable"}
+                log.warning("health: the %s does not answer: %s", part, details)
+
     def _run(self) -> None:
         from django.db import close_old_connections
 
@@ -217,6 +242,7 @@ class Monitor:
             try:
                 healthy, body = report()
                 body["checkedAt"] = round(time.time(), 3)
+                self._log_changes(body)
                 self.latest = (time.monotonic(), healthy, body)
                 close_old_connections()
             except Exception:

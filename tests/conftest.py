@@ -24,6 +24,7 @@ from taskhoster.engine.removal import RECLAIM_THREAD
 from taskhoster.keys import create_key
 
 REPO = Path(__file__).resolve().parent.parent
+WS_MAX = (1024 * 1024 + 64 * 1024) * 2  # daphne's WebSocket limit, as scripts/serve sets it
 
 
 @pytest.fixture(scope="session")
@@ -157,6 +158,11 @@ class Server:
                     "127.0.0.1",
                     "-p",
                     str(self.port),
+                    # As scripts/serve starts it: twice the largest /work frame.
+                    "--websocket-max-message-size",
+                    str(WS_MAX),
+                    "--websocket-max-frame-size",
+                    str(WS_MAX),
                     "project.asgi:application",
                 ],
                 cwd=REPO,

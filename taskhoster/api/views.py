@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from django.http import HttpResponse
@@ -16,11 +19,13 @@ from rest_framework.response import Response
 from .. import contract, engine, events, health, metrics
 from ..conf import get_conf
 from ..errors import InvalidInput, ItemNotFound
+from ..keys import authenticate, parse_authorization
 from ..models import Item, Queue
 from ..status import Status
+from ..timeutil import now as utcnow
 from ..timeutil import to_wire
 from . import params as params_
-from .auth import key_for_post, require
+from .auth import key_for_post, principal_of, require
 from .base import ApiView, EngineAnswer
 from .cursors import decode_cursor, encode_cursor
 from .schema import (
@@ -39,6 +44,37 @@ from .schema import (
     thread_filter_param,
     wait_param,
 )
+
+
+class Waits:
+    """The long-polls each key has waiting in this process, capped at MAX_WAITS_PER_KEY: a
+    key's requests beyond it are answered at once, as with no ``wait`` (each waiting
+    long-poll holds a request thread)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_key: dict[int, int] = {}
+
+    @contextlib.contextmanager
+    def hold(self, key_id: int) -> Iterator[bool]:
+        """Yields whether this key may wait now."""
+        with self.lock:
+            allowed = self.by_key.get(key_id, 0) < get_conf().max_waits_per_key
+            if allowed:
+                self.by_key[key_id] = self.by_key.get(key_id, 0) + 1
+        try:
+            yield allowed
+        finally:
+            if allowed:
+                with self.lock:
+                    left = self.by_key[key_id] - 1
+                    if left:
+                        self.by_key[key_id] = left
+                    else:
+                        del self.by_key[key_id]
+
+
+waits = Waits()
 
 
 def _queue_or_404(name: str) -> Queue:
@@ -259,18 +295,28 @@ class ClaimView(ApiView):
         body=True,
     )
     def post(self, request: Request, queue: str) -> Response:
-        require(request, "work", queue=queue)
+        principal = require(request, "work", queue=queue)
         q = _queue_or_404(queue)
         body = contract.validate(contract.CLAIM, request.data)
-        deadline = time.monotonic() + float(body["wait"])
+        with waits.hold(principal.key_id) as may_wait:
+            return self._claim(q, body, float(body["wait"]) if may_wait else 0.0)
+
+    def _claim(self, q: Queue, body: dict[str, Any], wait: float) -> Response:
+        deadline = time.monotonic() + wait
         interval = get_conf().long_poll_interval
+        names = [f"c:{q.name}", f"d:{q.name}"]
         while True:
             seen = events.generation()
             claimed = engine.claim(queue_name=q.name, max_items=int(body["max"]))
             remaining = deadline - time.monotonic()
             if claimed or remaining <= 0:
                 break
-            events.wait_for_news(seen, min(remaining, interval))
+            # Claims again when this queue has news (claimable, deleted), when its next
+            # delayed item comes due, else every LONG_POLL_INTERVAL: never a claim per news
+            # of any queue, nor ten a second for nothing.
+            due = engine.next_due([q.name]).get(q.name)
+            until = interval if due is None else max(0.01, (due - utcnow()).total_seconds())
+            events.wait_for(names, seen, min(remaining, interval, until))
         return Response(
             {
                 "items": [
@@ -295,7 +341,9 @@ class ItemView(ApiView):
         require_item(request, item_id, "produce")
         wait = params_.wait(request.query_params)
         if wait is not None:
-            engine.wait_for_verdict(item_id=item_id, wait=wait)
+            with waits.hold(principal_of(request).key_id) as may_wait:
+                if may_wait:
+                    engine.wait_for_verdict(item_id=item_id, wait=wait)
         row, record = engine.get_item(item_id=item_id, producer_read=True)
         return Response(
             engine.item_json(row, payload=record.get("payload"), result=record.get("result"))
@@ -422,8 +470,12 @@ class HealthView(ApiView):
     )
     def get(self, request: Request) -> Response:
         """200 when the database, the news bus and the state root all answer, else 503; the
-        body names each and says whether it answered (see ``taskhoster.health``)."""
+        body says whether each answered, and to a caller with a valid key (any scope) also
+        names each, with its errors (see ``taskhoster.health``)."""
         healthy, body = health.report()
+        secret = parse_authorization(request.META.get("HTTP_AUTHORIZATION"))
+        if secret is None or authenticate(secret) is None:
+            body = health.public(body)
         return Response(body, status=200 if healthy else 503)
 
 

@@ -414,7 +414,7 @@ class _Session:
 
     async def send(self, frame: dict[str, Any]) -> None:
         async with self.lock:
-            await self.ws.send(json.dumps(frame))
+            await self.ws.send(_encode(frame))
 
     async def request(self, frame: dict[str, Any]) -> dict[str, Any]:
         """Send a result, fail or extend and wait for its ack (acks come in order)."""
@@ -426,7 +426,7 @@ class _Session:
                 raise _Lost()
             self.pending.append(entry)
             try:
-                await self.ws.send(json.dumps(frame))
+                await self.ws.send(_encode(frame))
             except ConnectionClosed:
                 with contextlib.suppress(ValueError):
                     self.pending.remove(entry)
@@ -659,3 +659,10 @@ class _Session:
                 tasks.append(entry.task)
         if tasks:
             await asyncio.wait(tasks, timeout=10)
+
+
+def _encode(frame: dict[str, Any]) -> str:
+    """A frame as compact JSON, UTF-8 unescaped: a result of non-ASCII text is sent at its own
+    size (escaped, it could grow sixfold past the server's frame limit, which counts the
+    UTF-8 bytes)."""
+    return json.dumps(frame, ensure_ascii=False, separators=(",", ":"))

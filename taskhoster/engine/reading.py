@@ -49,18 +49,24 @@ def get_item(*, item_id: str, producer_read: bool = False) -> tuple[ItemRow, Rec
 
 
 def wait_for_verdict(*, item_id: str, wait: float) -> None:
-    """Return once the item is terminal or gone, or after ``wait`` seconds."""
+    """Return once the item is terminal or gone, or after ``wait`` seconds. It looks at the
+    item again when news names it (its verdict, its removal, its queue's deletion, from this
+    process or, by the bus, any other), and else every ``LONG_POLL_INTERVAL``: a hundred
+    idle long-polls cost a hundred looks a second at most, not a thousand."""
     deadline = time.monotonic() + wait
     interval = get_conf().long_poll_interval
+    names = [f"i:{item_id}"]
     while True:
         seen = events.generation()
-        status = Item.objects.filter(id=item_id).values_list("status", flat=True).first()
-        if status is None or Status(status).is_terminal:
+        found = Item.objects.filter(id=item_id).values_list("status", "queue__name").first()
+        if found is None or Status(found[0]).is_terminal:
             return
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return
-        events.wait_for_news(seen, min(remaining, interval))
+        if len(names) == 1:
+            names.append(f"d:{found[1]}")
+        events.wait_for(names, seen, min(remaining, interval))
 
 
 def list_items(

@@ -71,11 +71,13 @@ ABUSE_ERRORS = 100
 
 
 class Held(NamedTuple):
-    """An item this socket holds: the lease it was pushed with, and its queue."""
+    """An item this socket holds: the lease it was pushed with, its queue, and the size of
+    the frame that pushed it (what the socket may still have to read)."""
 
     lease: str
     queue: str
     queue_id: int
+    size: int = 0
 
 
 Answer = Awaitable[dict[str, Any] | None]
@@ -443,12 +445,20 @@ class WorkConsumer(AsyncWebsocketConsumer):
         row = claimed.row
         if self.closed or row.lease is None:
             return False
-        self.held[row.id] = Held(row.lease, row.queue_name, row.queue_id)
         frame = {"type": "item", **engine.item_json(row, payload=claimed.payload, lease=row.lease)}
-        if not await self._send(frame):
+        text = json.dumps(frame, separators=(",", ":"))
+        self.held[row.id] = Held(row.lease, row.queue_name, row.queue_id, len(text))
+        if not await self._send(frame, text=text):
             self.held.pop(row.id, None)
             return False
         return True
+
+    @property
+    def held_bytes(self) -> int:
+        """The frames of the items this socket holds, in bytes: what it may not have read
+        yet. The dispatcher pushes nothing more past ``MAX_SOCKET_HELD_BYTES``, so a worker
+        that never reads costs the server that much, not capacity x the largest payload."""
+        return sum(h.size for h in self.held.values())
 
     async def cancel(self, item_id: str, reason: str, *, lease: str | None = None) -> None:
         self.cancelled.append(item_id)
@@ -467,7 +477,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
         if len(self.errors) > ABUSE_ERRORS:
             await self._close(CLOSE_ABUSE)
 
-    async def _send(self, frame: dict[str, Any]) -> bool:
+    async def _send(self, frame: dict[str, Any], *, text: str | None = None) -> bool:
         """Send one frame; False (and the socket ended) if it could not be sent.
 
         A worker that closes while the server answers one of its frames makes the send fail
@@ -480,7 +490,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
                 # Start the closing handshake first: the send below then fails as it does
                 # when a worker closes while the server is answering it.
                 await self.base_send({"type": "websocket.close", "code": 1000})
-            await self.send(text_data=json.dumps(frame, separators=(",", ":")))
+            await self.send(text_data=text or json.dumps(frame, separators=(",", ":")))
         except Exception as exc:
             # The closing handshake has begun (or the transport failed): its disconnect
             # follows and ends the socket; until then it takes nothing more.

@@ -71,6 +71,7 @@ class Worker(Protocol):
     queues: list[str]
     capacity: int
     held: dict[str, Any]
+    held_bytes: int
     reserved: int
     last_served: float
     closed: bool
@@ -94,24 +95,24 @@ class Dispatcher:
         # The same, for local news only: the latest news generation that marked each.
         self.dirty_local: dict[str, int] = {}
         self.timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
-        self.listener = bus.Listener(self._news)
         self.backstop: asyncio.Task[None] | None = None
         self.reporter: asyncio.Task[None] | None = None
         self.tick = 0.0
 
     def start(self) -> None:
         events.subscribe(self._local_news)
-        self.listener.start(self.loop)
+        bus.listen_in_background()  # other processes' news reaches _local_news too
         self.backstop = self.loop.create_task(self._backstop())
         self.reporter = self.loop.create_task(self._report())
 
     # -- news ------------------------------------------------------------------------------
 
-    def _local_news(self, news: Sequence[events.News]) -> None:
-        """Called in whichever thread committed the change: once per group."""
+    def _local_news(self, news: Sequence[events.News], remote: bool = False) -> None:
+        """Called once per batch of news, in the thread that delivers it: this process's
+        committer's (once per group), or the bus listener's (``remote``)."""
         wanted = [n for n in news if n[0] != "verdict"]  # verdicts are for long-polls only
         if wanted:
-            seen = events.generation()  # this batch's, or later: never earlier
+            seen = None if remote else events.generation()  # this batch's, or later
             with contextlib.suppress(RuntimeError):  # the loop has closed
                 self.loop.call_soon_threadsafe(self._news, wanted, seen)
 
@@ -210,6 +211,8 @@ class Dispatcher:
     def _free(worker: Worker) -> int:
         if worker.closed:
             return 0
+        if worker.held and worker.held_bytes >= get_conf().max_socket_held_bytes:
+            return 0  # it has that much left to read: nothing more until it answers
         return max(0, worker.capacity - len(worker.held) - worker.reserved)
 
     async def _claim(self, queue: str) -> None:
@@ -379,8 +382,6 @@ class Dispatcher:
             self.backstop.cancel()
         for _at, handle in self.timers.values():
             handle.cancel()
-        with contextlib.suppress(Exception):
-            self.listener.stop()
 
 
 _dispatcher: Dispatcher | None = None

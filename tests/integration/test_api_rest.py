@@ -961,9 +961,26 @@ def test_schema_offers_one_item_or_a_batch_as_the_post_body(client):
 
 
 @pytest.mark.django_db
-def test_healthz_answers_200_without_a_key_and_names_what_this_process_uses(client, state_root):
+def test_healthz_answers_200_without_a_key_and_names_nothing_else(client, state_root):
+    """A load balancer needs no key; what the process uses (its database, paths, pid) is
+    for callers with one."""
     state_root.mkdir()  # as a server's start does
     response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {
+        "status": "ok",
+        "database": {"reachable": True},
+        "bus": {"reachable": True},
+        "stateRoot": {"reachable": True},
+    }
+    assert str(state_root) not in response.content.decode()
+    bogus = client.get("/healthz", HTTP_AUTHORIZATION="Token th_made-up")
+    assert bogus.json() == response.json(), "a made-up key sees no more"
+
+
+def test_healthz_names_what_this_process_uses_to_a_key(api, state_root):
+    state_root.mkdir()  # as a server's start does
+    response = api.get("/healthz")
     assert response.status_code == 200
     body = response.json()
     assert body["status"] == "ok"
@@ -982,9 +999,9 @@ def test_healthz_answers_200_without_a_key_and_names_what_this_process_uses(clie
 
 
 @pytest.mark.django_db
-def test_healthz_answers_503_naming_a_missing_state_root(client, settings, tmp_path):
+def test_healthz_answers_503_naming_a_missing_state_root(api, settings, tmp_path):
     settings.TASKHOSTER = {**settings.TASKHOSTER, "ROOT": str(tmp_path / "nowhere")}
-    response = client.get("/healthz")
+    response = api.get("/healthz")
     assert response.status_code == 503
     body = response.json()
     assert body["status"] == "unavailable"
@@ -996,12 +1013,12 @@ def test_healthz_answers_503_naming_a_missing_state_root(client, settings, tmp_p
 
 @pytest.mark.django_db
 def test_healthz_answers_503_when_redis_does_not_answer_and_hides_its_password(
-    client, settings, state_root
+    api, settings, state_root
 ):
     state_root.mkdir()
     url = "redis://user:secret@127.0.0.1:9/0"  # the discard port: nothing listens
     settings.TASKHOSTER = {**settings.TASKHOSTER, "REDIS_URL": url}
-    response = client.get("/healthz")
+    response = api.get("/healthz")
     assert response.status_code == 503
     bus = response.json()["bus"]
     assert bus["kind"] == "redis"

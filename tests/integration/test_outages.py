@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -22,10 +24,18 @@ def test_an_unreachable_database_gives_503_unavailable_and_healthz_names_it(stat
         assert health.status_code == 503
         body = health.json()
         assert body["status"] == "unavailable"
-        assert body["database"]["vendor"] == "postgresql"
         assert body["database"]["reachable"] is False
-        assert body["database"]["host"] == "127.0.0.1:1"
         assert body["stateRoot"]["reachable"] is True
+
+        # No key can be judged without the database: the names are in the server's log.
+        def log_says() -> bool:
+            text = server.log.read_text()
+            return "127.0.0.1" in text and "port 1" in text
+
+        deadline = time.monotonic() + 15
+        while not log_says() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert log_says(), "the log names the database that does not answer"
         headers = {"Authorization": "Token th_whatever"}
         for method, path, json in [
             ("POST", "/api/queues/q/items", {"payload": 1}),

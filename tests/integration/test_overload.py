@@ -122,7 +122,10 @@ def test_the_client_resends_a_refused_post_after_retry_after_and_it_lands_once(
         )
     )
     wait_for(
-        lambda: httpx.get(f"{server.url}/healthz").json()["committer"]["waitingItems"] >= 1,
+        lambda: (
+            httpx.get(f"{server.url}/healthz", headers=headers).json()["committer"]["waitingItems"]
+            >= 1
+        ),
         30,
         "the first post to wait for the committer",
     )
@@ -144,11 +147,11 @@ def test_the_client_resends_a_refused_post_after_retry_after_and_it_lands_once(
     ],
 )
 def test_healthz_is_not_ready_while_free_space_or_inodes_are_below_the_thresholds(
-    transactional_db, state_root, setting, says
+    transactional_db, state_root, setting, says, headers
 ):
     server = Server(state_root, **{setting: str(10**18)}).start(healthy=False)
     try:
-        answer = httpx.get(f"{server.url}/healthz")
+        answer = httpx.get(f"{server.url}/healthz", headers=headers)
         assert answer.status_code == 503
         body = answer.json()
         assert body["status"] == "unavailable"

@@ -77,17 +77,19 @@ def alive(pid: int) -> bool:
         return False
 
 
-def health(url: str) -> dict[str, Any] | None:
-    """``/healthz`` over a new connection (so the kernel may hand it to any process)."""
+def health(url: str, key: str | None = None) -> dict[str, Any] | None:
+    """``/healthz`` over a new connection (so the kernel may hand it to any process); with a
+    key, its whole body (the process's pid among it)."""
+    headers = {"Authorization": f"Token {key}"} if key else {}
     try:
-        answer = httpx.get(f"{url}/healthz", timeout=2)
+        answer = httpx.get(f"{url}/healthz", timeout=2, headers=headers)
     except httpx.HTTPError:
         return None
     return dict(answer.json()) if answer.status_code == 200 else None
 
 
-def pids_answering(url: str, tries: int = 20) -> set[int]:
-    return {h["pid"] for h in (health(url) for _ in range(tries)) if h}
+def pids_answering(url: str, key: str, tries: int = 20) -> set[int]:
+    return {h["pid"] for h in (health(url, key) for _ in range(tries)) if h}
 
 
 # -- scripts/serve-many ----------------------------------------------------------------------
@@ -167,9 +169,10 @@ def test_serve_many_serves_one_address_with_n_processes_that_share_the_work(
     serve_many, make_key, tmp_path
 ):
     proc, url = serve_many(2)
+    key = make_key()
     wait_for(lambda: health(url), 90, "serve-many to answer", every=0.5)
     pids = wait_for(
-        lambda: (lambda seen: seen if len(seen) == 2 else None)(pids_answering(url)),
+        lambda: (lambda seen: seen if len(seen) == 2 else None)(pids_answering(url, key)),
         60,
         "both processes to answer on the one address",
     )
@@ -188,7 +191,6 @@ def test_serve_many_serves_one_address_with_n_processes_that_share_the_work(
     assert "sweep" in supervised
 
     # Sockets land on either process; items posted through either reach them all.
-    key = make_key()
     headers = {"Authorization": f"Token {key}"}
     assert httpx.put(f"{url}/api/queues/q", json={}, headers=headers).status_code == 201
 
@@ -239,7 +241,7 @@ def test_serve_many_serves_one_address_with_n_processes_that_share_the_work(
         return daphnes if len(daphnes) == 2 and victim not in daphnes else None
 
     restarted_pids = wait_for(restarted, 60, "supervisord to start the killed process again")
-    assert pids_answering(url) - {victim}
+    assert pids_answering(url, key) - {victim}
     everything = set(restarted_pids) | {supervised_pids(tmp_path / "var")["sweep"]}
 
     # SIGTERM to the script stops supervisord and every process it started.
