@@ -60,6 +60,26 @@ def test_manage_check_deploy_passes_and_none_of_our_checks_complains(tmp_path):
     assert done.returncode == 0, done.stderr
 
 
+def test_manage_check_deploy_finds_nothing_with_the_production_settings(tmp_path):
+    """TASKHOSTER_HTTPS=1 (TLS ended in front), named hosts and a secret of its own: not one
+    deploy warning, Django's HSTS, SSL redirect and secure cookies included."""
+    import secrets
+
+    done = run(
+        tmp_path,
+        "manage.py",
+        "check",
+        "--deploy",
+        "--fail-level",
+        "WARNING",
+        TASKHOSTER_HTTPS="1",
+        DJANGO_ALLOWED_HOSTS="tasks.example.com",
+        DJANGO_SECRET_KEY=secrets.token_urlsafe(50),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "System check identified no issues" in done.stdout
+
+
 def test_fsync_off_by_environment_warns_W001(tmp_path):
     done = run(tmp_path, "manage.py", "check", TASKHOSTER_FSYNC="0")
     assert done.returncode == 0, done.stderr
