@@ -316,7 +316,7 @@ class ClaimView(ApiView):
             # of any queue, nor ten a second for nothing.
             due = engine.next_due([q.name]).get(q.name)
             until = interval if due is None else max(0.01, (due - utcnow()).total_seconds())
-            events.wait_for(names, seen, min(remaining, interval, until))
+            engine.wait_for_news(names, seen, min(remaining, interval, until))
         return Response(
             {
                 "items": [

@@ -11,7 +11,14 @@ from .clocks import SweepReport, sweep
 from .group import LEASE_EXPIRED, TIMEOUT, WORKER_DISCONNECTED, check_schedule
 from .ops import Claimed, NewItem, Posted, Verdict
 from .queues import queue_settings, upsert_queue
-from .reading import counts_by_queue, get_item, get_row, list_items, wait_for_verdict
+from .reading import (
+    counts_by_queue,
+    get_item,
+    get_row,
+    list_items,
+    wait_for_news,
+    wait_for_verdict,
+)
 from .removal import QUEUE_DELETED, delete_by_status, delete_queue, reclaim_deleted_queues
 from .repair import RepairReport, rebuild_threads, repair
 from .rows import ItemRow, first_pending_member, next_due
@@ -100,5 +107,6 @@ __all__ = [
     "threads",
     "time_out_if_aged",
     "upsert_queue",
+    "wait_for_news",
     "wait_for_verdict",
 ]

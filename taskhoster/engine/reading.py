@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from django.db import connection
 from django.db.models import Sum
 
 from .. import events
@@ -66,7 +67,17 @@ def wait_for_verdict(*, item_id: str, wait: float) -> None:
             return
         if len(names) == 1:
             names.append(f"d:{found[1]}")
-        events.wait_for(names, seen, min(remaining, interval))
+        wait_for_news(names, seen, min(remaining, interval))
+
+
+def wait_for_news(names: list[str], since: int, timeout: float) -> int:
+    """``events.wait_for``, with this thread's database connection given back to the pool
+    first: a long-poll holds no connection while it waits (forty of them once took every
+    connection of PostgreSQL's pool of twenty, and a result waited for one until it timed
+    out). Without a pool (SQLite) the thread keeps its connection, which costs nothing."""
+    if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
+        connection.close()  # to the pool, not to the server
+    return events.wait_for(names, since, timeout)
 
 
 def list_items(

@@ -341,6 +341,52 @@ def test_idle_long_polls_wait_on_news_not_on_the_database(server_factory, make_k
     assert all(results[i] >= 11 for i in items[1:]), "the others waited their wait"
 
 
+def test_a_waiting_long_poll_holds_no_database_connection(server_factory, make_key):
+    """Sixty long-polls, item and claim, wait beside a result that must be answered at once.
+    On PostgreSQL each waiting thread once kept its connection from the pool of twenty, so
+    the result waited for one (30 s) and was refused."""
+    engine.upsert_queue(name="q", body={})
+    engine.upsert_queue(name="empty", body={})
+    items = [
+        p.row.id
+        for p in engine.post_items(
+            queue_name="q", items=[engine.NewItem(payload=n) for n in range(31)]
+        )
+    ]
+    server = server_factory()
+    producer = {"Authorization": f"Token {make_key()}"}
+    worker = {"Authorization": f"Token {make_key()}"}
+
+    def wait_item(item_id: str) -> None:
+        httpx.get(f"{server.url}/api/items/{item_id}?wait=8", headers=producer, timeout=30)
+
+    def wait_claim() -> None:
+        httpx.post(
+            f"{server.url}/api/queues/empty/claim",
+            json={"max": 1, "wait": 8},
+            headers=worker,
+            timeout=30,
+        )
+
+    threads = [threading.Thread(target=wait_item, args=(i,)) for i in items[1:]]
+    threads += [threading.Thread(target=wait_claim) for _ in range(30)]
+    for t in threads:
+        t.start()
+    time.sleep(2)  # all of them waiting
+    started = time.monotonic()
+    answer = httpx.post(
+        f"{server.url}/api/items/{items[0]}/result",
+        json={"result": 1},
+        headers=producer,
+        timeout=30,
+    )
+    took = time.monotonic() - started
+    for t in threads:
+        t.join(30)
+    assert answer.status_code == 200, answer.text
+    assert took < 3, f"the result waited {took:.1f} s beside sixty long-polls"
+
+
 def test_a_key_waits_in_at_most_max_waits_per_key_long_polls(server_factory, make_key):
     engine.upsert_queue(name="q", body={})
     item = engine.post_items(queue_name="q", items=[engine.NewItem(payload=1)])[0].row.id
