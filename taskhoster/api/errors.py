@@ -108,7 +108,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         # long): a condition to retry (a post with its key), not a bug.
         log.warning("the database did not answer in %s: %s", context.get("view"), exc)
         return Response(
-            error_body("unavailable", "the database did not answer; try again"), status=503
+            error_body("unavailable", "the database did not answer; try again"),
+            status=503,
+            headers={"Retry-After": "1"},
         )
     response = drf_exception_handler(exc, context)
     if response is None or not isinstance(exc, exceptions.APIException):

@@ -47,5 +47,6 @@ def test_an_unreachable_database_gives_503_unavailable_and_healthz_names_it(stat
             )
             assert answer.status_code == 503, (path, answer.text)
             assert answer.json()["error"]["code"] == "unavailable"
+            assert answer.headers.get("retry-after") == "1", path
     finally:
         server.stop()
