@@ -107,6 +107,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         migrate(env)
         setup_django(env)
+        if args.health_port:
+            os.environ["TASKHOSTER_HEALTH_LISTEN"] = f"127.0.0.1:{args.health_port}"
         server, key, info = start_server(args, env)
         pid = info["daphne_pid"]
         result: dict[str, Any] = {
@@ -133,12 +135,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         def check() -> str:
             return str(httpx.get(f"{server.url}/healthz", timeout=5).status_code)
 
+        def check_own_port() -> str:
+            url = f"http://127.0.0.1:{args.health_port}/healthz"
+            return str(httpx.get(url, timeout=5).status_code)
+
         producer = Prober(0.05, post)
         health = Prober(0.1, check)
+        own = Prober(0.1, check_own_port) if args.health_port else None
         result["rss_before_mb"] = rss_mb(pid)
         say(f"{args.connections} connections for {args.seconds:g} s; {load_average()}")
         producer.start()
         health.start()
+        if own is not None:
+            own.start()
         argv = [args.wrk, "-t2", f"-c{args.connections}", f"-d{args.seconds:g}s", "--latency"]
         argv += ["--timeout", "10s", "-s", str(script), server.url + ITEMS_URL]
         done = subprocess.run(
@@ -148,6 +157,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         health.stop.set()
         producer.join(40)
         health.join(40)
+        if own is not None:
+            own.stop.set()
+            own.join(40)
         producer_client.close()
         if done.returncode != 0:
             raise BenchError(f"wrk failed: {done.stdout}{done.stderr}")
@@ -173,6 +185,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "healthz_max_ms": round(checks[-1] * 1000, 1) if checks else float("nan"),
                 "healthz": health.outcomes,
                 "healthz_over_1s": sum(1 for t in checks if t > 1),
+                **(_own_port(own) if own is not None else {}),
                 "counts": counts,
                 "load_after": load_average(),
             }
@@ -186,6 +199,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         destroy_environment(env, keep=args.keep)
 
 
+def _own_port(own: Prober) -> dict[str, Any]:
+    checks = sorted(own.times)
+    return {
+        "own_port_p50_ms": round(percentile(checks, 0.5), 1),
+        "own_port_p99_ms": round(percentile(checks, 0.99), 1),
+        "own_port_max_ms": round(checks[-1] * 1000, 1) if checks else float("nan"),
+        "own_port": own.outcomes,
+    }
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--connections", type=int, default=512)
@@ -194,6 +217,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--database-url")
     parser.add_argument("--redis-url")
     parser.add_argument("--wrk", default=shutil.which("wrk") or "/usr/bin/wrk")
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=0,
+        help="also serve /healthz on this port (HEALTH_LISTEN) and probe it",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--tmpdir")
     parser.add_argument("--keep", action="store_true")
@@ -214,7 +243,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['wrk_p50_ms']}/{result['wrk_p99_ms']} ms; accepted posts p50/p99 "
         f"{result['accepted_p50_ms']}/{result['accepted_p99_ms']} ms {result['producer']}; "
         f"/healthz p50/p99/max {result['healthz_p50_ms']}/{result['healthz_p99_ms']}/"
-        f"{result['healthz_max_ms']} ms {result['healthz']}; memory "
+        f"{result['healthz_max_ms']} ms {result['healthz']}; "
+        + (
+            f"/healthz on its own port p50/p99/max {result['own_port_p50_ms']}/"
+            f"{result['own_port_p99_ms']}/{result['own_port_max_ms']} ms {result['own_port']}; "
+            if "own_port" in result
+            else ""
+        )
+        + "memory "
         f"{result['rss_before_mb']} -> {result['rss_after_mb']} MB"
     )
     if args.json:

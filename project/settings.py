@@ -162,6 +162,7 @@ TASKHOSTER = {
     "REDIS_URL": os.environ.get("REDIS_URL", ""),
     "SOCKET_BACKSTOP_SECONDS": float(os.environ.get("TASKHOSTER_SOCKET_BACKSTOP_SECONDS", 5)),
     "BACKGROUND_SHARE": float(os.environ.get("TASKHOSTER_BACKGROUND_SHARE", 0.25)),
+    "BACKGROUND_CHUNK_SECONDS": float(os.environ.get("TASKHOSTER_BACKGROUND_CHUNK_SECONDS", 0.02)),
     "ADMISSION_WAIT_SECONDS": float(os.environ.get("TASKHOSTER_ADMISSION_WAIT_SECONDS", 0.5)),
     "ADMISSION_MAX_ITEMS": int(os.environ.get("TASKHOSTER_ADMISSION_MAX_ITEMS", 10_000)),
     "MIN_FREE_BYTES": int(os.environ.get("TASKHOSTER_MIN_FREE_BYTES", 64 * 1024 * 1024)),
@@ -169,6 +170,7 @@ TASKHOSTER = {
     "METRICS_PUBLIC": _env_flag("TASKHOSTER_METRICS_PUBLIC", False),
     "LONG_POLL_INTERVAL": float(os.environ.get("TASKHOSTER_LONG_POLL_INTERVAL", 1.0)),
     "MAX_WAITS_PER_KEY": int(os.environ.get("TASKHOSTER_MAX_WAITS_PER_KEY", 50)),
+    "HEALTH_LISTEN": os.environ.get("TASKHOSTER_HEALTH_LISTEN", ""),
     "MAX_REQUEST_THREADS": int(os.environ.get("TASKHOSTER_MAX_REQUEST_THREADS", 64)),
     # Declared by scripts/serve-many; the system checks refuse SQLite for several processes.
     "PROCESSES": int(os.environ.get("TASKHOSTER_PROCESSES") or 1),

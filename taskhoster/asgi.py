@@ -38,6 +38,7 @@ import contextlib
 import json
 import logging
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -54,6 +55,7 @@ from django.urls import Resolver404, get_resolver, set_script_prefix
 from . import bus, health, identity
 from .conf import get_conf
 from .engine import committer
+from .faults import fault, slow_seconds
 from .keys import parse_authorization, secret_hash
 from .osthread import name_os_thread
 
@@ -149,6 +151,7 @@ def start() -> None:
     committer.start()
     bus.listen_in_background()  # other processes' news: for long-polls and sockets alike
     health.monitor.start()  # /healthz from now on: at once, from its latest report
+    health.own_port.start()  # and on HEALTH_LISTEN, if set
 
 
 def _media_type(line: bytes) -> bytes:
@@ -360,6 +363,8 @@ class OneHopASGIHandler(ASGIHandler):
             if kind == HEALTH and await self._health_at_once(scope, send):
                 return
             if kind == LOOP:
+                if fault("loop.stall"):
+                    time.sleep(slow_seconds())  # a test's stand-in for an event loop flooded
                 retry_after = committer.overloaded()
                 if retry_after is not None:
                     await _send_json(

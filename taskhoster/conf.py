@@ -75,6 +75,12 @@ class Setting:
                 return "value", f"must be one of {', '.join(self.choices)}"
         if kind == "url" and not isinstance(value, str):
             return "type", "must be a string (empty for none)"
+        if kind == "address":
+            if not isinstance(value, str):
+                return "type", 'must be a string, "host:port" (empty for none)'
+            _host, sep, port = value.rpartition(":")
+            if value and (not sep or not port.isdigit() or not 0 < int(port) < 65536):
+                return "value", 'must be "host:port" (or ":port" for every interface)'
         return None
 
 
@@ -282,6 +288,15 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=1,
     ),
     Setting(
+        "HEALTH_LISTEN",
+        "",
+        "address",
+        'Where a server process also answers GET /healthz in a thread of its own, "host:port" '
+        '(":port": every interface; empty: nowhere). Under a flood of requests the event '
+        "loop serves every connection in turn, and a /healthz on the main port waits its "
+        "turn; on this port it does not. Only the public body (no key is read here).",
+    ),
+    Setting(
         "HEALTH_INTERVAL",
         1.0,
         "float",
@@ -363,6 +378,7 @@ class Conf:
     max_request_threads: int
     max_waits_per_key: int
     health_interval: float
+    health_listen: str
     min_free_bytes: int
     min_free_inodes: int
     metrics_public: bool
@@ -429,6 +445,7 @@ def _read() -> Conf:
         max_request_threads=int(merged["MAX_REQUEST_THREADS"]),
         max_waits_per_key=int(merged["MAX_WAITS_PER_KEY"]),
         health_interval=float(merged["HEALTH_INTERVAL"]),
+        health_listen=str(merged["HEALTH_LISTEN"]),
         min_free_bytes=int(merged["MIN_FREE_BYTES"]),
         min_free_inodes=int(merged["MIN_FREE_INODES"]),
         metrics_public=bool(merged["METRICS_PUBLIC"]),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ from taskhoster import engine
 from taskhoster.client import Producer
 from taskhoster.models import Item
 
-from ..conftest import Server
+from ..conftest import Server, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -216,3 +217,67 @@ def test_a_full_state_root_makes_healthz_say_why_and_posts_fail_cleanly(
         finally:
             server.stop()
             os.sync()
+
+
+def test_healthz_on_its_own_port_answers_while_the_event_loop_is_held(server_factory, headers):
+    """``HEALTH_LISTEN``: ``/healthz`` is answered by a thread of its own, not in the event
+    loop's turn. The loop is held on purpose (the fault ``loop.stall``, in a post), and the
+    order of the answers proves it: the own port answers while the post is still held, and
+    the main port's ``/healthz`` only after it."""
+    engine.upsert_queue(name="q", body={})
+    port = free_port()
+    server = server_factory(
+        TASKHOSTER_HEALTH_LISTEN=f"127.0.0.1:{port}",
+        TASKHOSTER_FAULT="loop.stall=1",
+        TASKHOSTER_FAULT_SLOW_SECONDS=STALL,
+    )
+    own = f"http://127.0.0.1:{port}"
+    # Before the stall: the public body only, and nothing but /healthz.
+    ready = httpx.get(f"{own}/healthz", timeout=10)
+    assert ready.status_code == 200
+    assert ready.json() == {
+        "status": "ok",
+        "database": {"reachable": True},
+        "bus": {"reachable": True},
+        "stateRoot": {"reachable": True},
+    }
+    assert httpx.head(f"{own}/healthz", timeout=10).content == b""
+    assert httpx.get(f"{own}/metrics", timeout=10).status_code == 404
+    assert httpx.post(f"{own}/healthz", timeout=10).status_code == 405
+
+    held = Background(
+        lambda: httpx.post(
+            f"{server.url}/api/queues/q/items", json={"payload": 1}, headers=headers, timeout=60
+        )
+    )
+    time.sleep(0.5)  # the post is in, holding the loop (STALL seconds)
+    main_port = Background(lambda: httpx.get(f"{server.url}/healthz", timeout=60))
+    answer = httpx.get(f"{own}/healthz", timeout=10)
+    assert answer.status_code == 200
+    assert held.answer is None, "the own port answered while the loop was held"
+    assert main_port.answer is None, "the main port's /healthz waits for the loop"
+    assert held.join().status_code == 201
+    assert main_port.join().status_code == 200
+
+
+def test_health_listen_must_be_host_and_port(tmp_path):
+    """A HEALTH_LISTEN that is not ``host:port`` is refused by the system checks, by name."""
+    env = {
+        **os.environ,
+        "TASKHOSTER_HEALTH_LISTEN": "localhost",
+        "TASKHOSTER_ROOT": str(tmp_path / "state"),
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+    }
+    env.pop("TASKHOSTER_TEST_DB", None)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "HEALTH_LISTEN" in done.stderr, done.stderr
+    assert "host:port" in done.stderr, done.stderr
