@@ -61,6 +61,21 @@ def alive(pid: int) -> bool:
         return False
 
 
+def process_states(pids: list[int]) -> str:
+    """Each process's command, state and kernel wait channel, for a failure's message."""
+    lines = []
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            state = next(line for line in status.splitlines() if line.startswith("State:"))
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+        except (FileNotFoundError, StopIteration):
+            lines.append(f"{pid}: gone")
+            continue
+        lines.append(f"{pid} {command_line(pid)[:80]!r}: {state} wchan={wchan}")
+    return "; ".join(lines)
+
+
 def wait_until(predicate: Any, timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -169,8 +184,18 @@ def test_a_signal_to_the_script_alone_stops_daphne_and_the_sweep(serve: Any, sig
 
     os.kill(run.proc.pid, signum)  # the script's pid only, as a supervisor does
     # The script promises to be done within its grace (TASKHOSTER_STOP_SECONDS, 20 s: then it
-    # kills what is left and still exits); on a loaded machine daphne may take much of it.
-    assert run.proc.wait(20 + 15) == 0, run.log()
+    # kills what is left and still exits); on a loaded machine daphne may take much of it. A
+    # process in the middle of a flush cannot be killed until the flush returns, and syncfs
+    # flushes the whole filesystem, whoever dirtied it: in CI, beside the rest of the suite,
+    # the script once still ran 35 s after the signal.
+    try:
+        status = run.proc.wait(20 + 60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(
+            f"scripts/serve still runs 80 s after SIG{signal.Signals(signum).name[3:]}: "
+            f"{process_states([run.proc.pid, *processes.values()])}\n{run.log()}"
+        ) from None
+    assert status == 0, run.log()
     wait_until(
         lambda: not any(alive(pid) for pid in processes.values()),
         5,
@@ -188,9 +213,8 @@ def test_a_server_that_cannot_start_stops_the_sweep_and_fails_the_script(serve: 
         status = run.proc.wait(60)
         assert status != 0
         assert "stopping the rest" in run.log()
-    children = descendants(run.proc.pid)
-    assert not children
-    # No sweep of this run is left anywhere (it would be orphaned, not a descendant).
+    # No sweep of this run is left anywhere: once the script is gone, a sweep it left behind
+    # is an orphan, no descendant of anything of ours, so every process is looked at.
     assert not [
         pid
         for pid in map(int, filter(str.isdigit, os.listdir("/proc")))

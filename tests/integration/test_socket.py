@@ -554,3 +554,38 @@ def test_an_idle_socket_stays_open_and_served_past_seven_seconds(server, http, k
         await ws.close()
 
     asyncio.run(run())
+
+
+def test_every_kind_of_frame_the_consumer_sends_matches_the_asyncapi_document(server, http, key):
+    """item, ack, error and cancel, each as a real consumer sent it over a real socket, checked
+    against the served document (``recv`` checks every frame; here each kind is made to
+    come once). The unit tests check frames built by hand; this one checks the sender."""
+    make_queue(http)
+    first = post(http, {"n": 1}, threadId="t 1", key="k1")
+
+    async def run() -> set[str]:
+        seen: set[str] = set()
+        async with await connect(server, key) as ws:
+            await subscribe(ws, ["q"], 1)
+            item = await recv(ws, timeout=10)
+            assert item["type"] == "item"
+            assert item["id"] == first
+            seen.add(item["type"])
+            await send(ws, {"type": "result", "id": first, "result": {"ok": True}})
+            ack = await recv(ws, timeout=10)
+            assert (ack["type"], ack["id"], ack["accepted"]) == ("ack", first, True)
+            seen.add(ack["type"])
+            await ws.send("not json")
+            error = await recv(ws, timeout=10)
+            assert error["type"] == "error"
+            seen.add(error["type"])
+            second = post(http, {"n": 2})
+            held = await recv(ws, timeout=10)
+            assert (held["type"], held["id"]) == ("item", second)
+            assert http.delete(f"/api/items/{second}").status_code == 204
+            cancel = await recv(ws, timeout=10)
+            assert (cancel["type"], cancel["id"]) == ("cancel", second)
+            seen.add(cancel["type"])
+        return seen
+
+    assert asyncio.run(run()) == {"item", "ack", "error", "cancel"}

@@ -1,6 +1,9 @@
 """A worker process for the mutual-exclusion test: claims and finishes items as fast as it
-can over HTTP and logs each processing interval (claim received .. result about to be sent)
-as one JSON line. Run: python thread_worker.py URL KEY LOGFILE DEADLINE_EPOCH."""
+can over HTTP and logs each item's interval as one JSON line: from the moment the claim's
+answer arrived (its lease was surely held by then) to the moment just before its result is
+sent (still surely held), with a little work between. Two members of one thread handed out at
+once give two intervals that overlap. Run: python thread_worker.py URL KEY LOGFILE
+DEADLINE_EPOCH."""
 
 from __future__ import annotations
 
@@ -19,16 +22,22 @@ def main(url: str, key: str, log_path: str, deadline: float) -> None:
     ):
         while time.time() < deadline and idle_rounds < 20:
             items = http.post("/api/queues/q/claim", json={"max": 3, "wait": 0.2}).json()["items"]
+            received = time.time()
             if not items:
                 idle_rounds += 1
                 continue
             idle_rounds = 0
             for item in items:
-                start = time.time()
+                time.sleep(0.002)  # the work: each interval has a width
                 ended = time.time()
                 log.write(
                     json.dumps(
-                        {"id": item["id"], "thread": item["threadId"], "start": start, "end": ended}
+                        {
+                            "id": item["id"],
+                            "thread": item["threadId"],
+                            "start": received,
+                            "end": ended,
+                        }
                     )
                     + "\n"
                 )

@@ -18,12 +18,10 @@ import pytest
 from django.core.management import call_command
 from jsonschema import Draft7Validator
 
-from taskhoster import contract, engine
+from taskhoster import contract
 from taskhoster.asyncapi import build_document
 from taskhoster.errors import TaskhosterError
 from tests.integration.wsclient import check_frame, sent_message_validators
-
-from .lifecycle_helpers import NewItem
 
 FRAME_TYPES = {"subscribe", "result", "fail", "extend", "item", "ack", "cancel", "error"}
 ITEM_ID = "0641f3a0c2b1d4e5f6a7b8"
@@ -185,17 +183,6 @@ def test_a_frame_of_another_type_does_not_match(document) -> None:
 
 
 # -- the frames the server sends: the check can pass and can fail -------------------------------
-
-
-@pytest.mark.django_db
-def test_an_item_frame_as_the_consumer_builds_it_passes(make_queue) -> None:
-    make_queue("q")
-    engine.post_items(queue_name="q", items=[NewItem(payload={"n": 1}, thread_id="t 1", key="k")])
-    claimed = engine.claim(queue_name="q", max_items=1)[0]
-    row = claimed.row
-    # What ``WorkConsumer.deliver`` sends.
-    frame = {"type": "item", **engine.item_json(row, payload=claimed.payload, lease=row.lease)}
-    check_frame(json.loads(json.dumps(frame)))
 
 
 def good_server_frames() -> dict[str, dict[str, Any]]:
