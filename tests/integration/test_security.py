@@ -636,3 +636,78 @@ def test_a_socket_that_does_not_read_gets_at_most_max_socket_held_bytes(server_f
 
     held = asyncio.run(run())
     assert 16 <= held <= 17, f"{held} items pushed to a socket holding 16 MiB"
+
+
+def _admin_session(server: Server, username: str) -> httpx.Client:
+    """A browser's session with a real daphne's admin: logged in through the login form."""
+    http = httpx.Client(base_url=server.url, timeout=30)
+    login = "/admin/login/?next=/admin/"
+    http.get(login)
+    answer = http.post(
+        login,
+        data={
+            "username": username,
+            "password": "pw",
+            "csrfmiddlewaretoken": http.cookies["csrftoken"],
+            "next": "/admin/",
+        },
+    )
+    assert answer.status_code == 302, answer.text[:300]
+    return http
+
+
+def test_a_view_only_staff_user_changes_nothing_through_a_real_daphne(server_factory):
+    """Finding 6, against a real daphne: a staff user with only view permissions posts the
+    delete and restart actions, delete-matching and the key revocation, as a browser would;
+    nothing changes. (The admin tests prove each action with Django's test client too.)"""
+    from django.contrib.auth.models import Permission, User
+
+    engine.upsert_queue(name="q", body={"maxAttempts": 1})
+    item = engine.post_items(queue_name="q", items=[engine.NewItem(payload=1)])[0].row.id
+    claimed = engine.claim(queue_name="q", max_items=1)[0].row
+    engine.fail(item_id=claimed.id, lease=claimed.lease, error="boom", retry=False)
+    key, secret = create_key(name="k", scopes=["work"])
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.set(
+        Permission.objects.filter(codename__in=["view_item", "view_queue", "view_apikey"])
+    )
+    server = server_factory()
+    http = _admin_session(server, "viewer")
+    try:
+        items = "/admin/taskhoster/item/"
+        page = http.get(items)
+        assert page.status_code == 200
+        assert item in page.text, "the viewer sees the item"
+        token = http.cookies["csrftoken"]
+        for action in ("delete_selected_items", "restart_selected_items"):
+            http.post(
+                items,
+                data={
+                    "action": action,
+                    "_selected_action": [item],
+                    "confirm": "yes",
+                    "csrfmiddlewaretoken": token,
+                },
+            )
+        matching = http.post(
+            "/admin/taskhoster/item/delete-matching/",
+            data={"confirm": "yes", "csrfmiddlewaretoken": token},
+        )
+        assert matching.status_code == 403
+        http.post(
+            "/admin/taskhoster/apikey/",
+            data={
+                "action": "revoke_keys",
+                "_selected_action": [key.pk],
+                "csrfmiddlewaretoken": token,
+            },
+        )
+    finally:
+        http.close()
+    stored = Item.objects.get(id=item)
+    assert (stored.status, stored.attempts) == ("failed", 1), "nothing was deleted or restarted"
+    assert ApiKey.objects.get(pk=key.pk).revoked_at is None, "the key was not revoked"
+    check = httpx.get(
+        f"{server.url}/api/queues", headers={"Authorization": f"Token {secret}"}, timeout=10
+    )
+    assert check.status_code != 401, "the key still works"
