@@ -124,6 +124,20 @@ def test_deeply_nested_json_is_refused_and_memory_stays_flat(server_factory, mak
     assert after - before < 25, f"memory grew from {before:.0f} to {after:.0f} MiB"
 
 
+async def _refused_then_pushed(
+    server: Server, key: str, frame: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Send one raw ``frame`` on a new socket, then subscribe to ``q``: the answer to the
+    frame, and the next frame (the item pushed, if the socket still works)."""
+    ws = await connect(server, key)
+    await ws.send(frame)
+    refused = await recv(ws)
+    await subscribe(ws, ["q"], 1)
+    pushed = await recv(ws)
+    await ws.close()
+    return refused, pushed
+
+
 def test_a_socket_frame_nested_too_deeply_is_refused_and_the_socket_stays_open(
     server_factory, make_key
 ):
@@ -132,16 +146,11 @@ def test_a_socket_frame_nested_too_deeply_is_refused_and_the_socket_stays_open(
     server = server_factory()
     key = make_key()
 
-    async def run() -> tuple[dict[str, Any], dict[str, Any]]:
-        ws = await connect(server, key)
-        await ws.send(f'{{"type": "result", "id": "{item}", "result": {nested(600)}}}')
-        refused = await recv(ws)
-        await subscribe(ws, ["q"], 1)
-        pushed = await recv(ws)
-        await ws.close()
-        return refused, pushed
-
-    refused, pushed = asyncio.run(run())
+    refused, pushed = asyncio.run(
+        _refused_then_pushed(
+            server, key, f'{{"type": "result", "id": "{item}", "result": {nested(600)}}}'
+        )
+    )
     assert refused["type"] == "error"
     assert refused["code"] == "too_deep"
     assert pushed["type"] == "item", "the socket still works"
@@ -511,16 +520,11 @@ def test_a_frame_over_the_limit_gets_too_large_and_the_socket_stays_open(server_
     server = server_factory()
     key = make_key()
 
-    async def run() -> tuple[dict[str, Any], dict[str, Any]]:
-        ws = await connect(server, key)
-        await ws.send(f'{{"type": "result", "id": "{item}", "result": "{"x" * 1_500_000}"}}')
-        refused = await recv(ws)
-        await subscribe(ws, ["q"], 1)
-        pushed = await recv(ws)
-        await ws.close()
-        return refused, pushed
-
-    refused, pushed = asyncio.run(run())
+    refused, pushed = asyncio.run(
+        _refused_then_pushed(
+            server, key, f'{{"type": "result", "id": "{item}", "result": "{"x" * 1_500_000}"}}'
+        )
+    )
     assert refused["code"] == "too_large"
     assert pushed["type"] == "item"
 
