@@ -11,8 +11,10 @@ results late, on its new socket: rule 3 takes a result whoever sends it).
 Every held interval is one JSON line in LOGFILE: ``{"ev": "held", "id", "thread", "lease",
 "start", "end", "how"}``, ``start`` taken when the item frame was read and ``end`` before the
 frame that gives the item up was sent (a result or a fail), before the socket was dropped,
-or when a ``cancel`` arrived. A late result is ``{"ev": "late", "id", "sent", "accepted"}``,
-``sent`` taken before it was sent. Times are ``time.monotonic()``, which every process of
+or when a ``cancel`` arrived. A late result is ``{"ev": "late-sent", "id", "sent"}`` when it
+is sent and ``{"ev": "late", "id", "sent", "accepted"}`` when its ack comes, ``sent`` taken
+before it was sent; its value is ``{"late": true, "by", "sent"}``, so the item's stored result
+tells which late result won even when the socket dropped before the ack could come. Times are ``time.monotonic()``, which every process of
 the machine shares. So a correct server never gives an item, or two members of one thread,
 to two holders whose intervals overlap (up to an accepted late result, which ends every
 holder's claim on the item). It runs until SIGTERM, then closes its sockets cleanly and
@@ -118,10 +120,14 @@ class Socket:
             await asyncio.sleep(0.1 + self.rng.random() * 0.2)
             while self.late and not dropped.is_set():
                 item_id = self.late.pop()
-                frame = {"type": "result", "id": item_id, "result": {"late": True}}
-                frame["sent"] = time.monotonic()
-                awaiting.append(frame)
-                await ws.send(json.dumps({k: v for k, v in frame.items() if k != "sent"}))
+                sent = time.monotonic()
+                # The result names its sending, so the test learns from the item itself
+                # whether this late result won, even when the socket drops before its ack.
+                late = {"late": True, "by": f"{self.worker.name}.{self.n}", "sent": sent}
+                frame = {"type": "result", "id": item_id, "result": late}
+                awaiting.append({**frame, "sent": sent})
+                log.write(ev="late-sent", id=item_id, sent=sent)
+                await ws.send(json.dumps(frame))
 
         async def late_results() -> None:
             with contextlib.suppress(websockets.WebSocketException):
