@@ -13,12 +13,13 @@ Every held interval is one JSON line in LOGFILE: ``{"ev": "held", "id", "thread"
 frame that gives the item up was sent (a result or a fail), before the socket was dropped,
 or when a ``cancel`` arrived. A late result is ``{"ev": "late-sent", "id", "sent"}`` when it
 is sent and ``{"ev": "late", "id", "sent", "accepted"}`` when its ack comes, ``sent`` taken
-before it was sent; its value is ``{"late": true, "by", "sent"}``, so the item's stored result
-tells which late result won even when the socket dropped before the ack could come. Times are ``time.monotonic()``, which every process of
-the machine shares. So a correct server never gives an item, or two members of one thread,
-to two holders whose intervals overlap (up to an accepted late result, which ends every
-holder's claim on the item). It runs until SIGTERM, then closes its sockets cleanly and
-writes what it still holds as held until then.
+before it was sent; its value is ``{"late": true, "by", "sent"}``, so the item's stored
+result tells which late result won even when the socket dropped before the ack could come.
+Times are ``time.monotonic()``, which every process of the machine shares. So a correct
+server never gives an item, or two members of one thread, to two holders whose intervals
+overlap (up to an accepted late result, which ends every holder's claim on the item). It
+runs until SIGTERM, then closes its sockets cleanly and writes what it still holds as held
+until then.
 """
 
 from __future__ import annotations

@@ -202,9 +202,10 @@ def test_two_processes_never_give_one_item_or_one_thread_to_two_workers_at_once(
 
     def story(found: dict[str, list[tuple[Any, ...]]]) -> str:
         """Every event the workers wrote about the items of the overlapping intervals."""
-        named = {part[2].split(":")[1] for pairs in found.values() for pair in pairs for part in pair}
+        named = {p[2].split(":")[1] for pairs in found.values() for pair in pairs for p in pair}
         told = [e for e in entries if e.get("id") in named]
-        return f"{found}; their events: {sorted(told, key=lambda e: e.get('start', e.get('sent', 0)))}"
+        told.sort(key=lambda e: e.get("start", e.get("sent", 0)))
+        return f"{found}; their events: {told}"
 
     assert not twice, f"items held by two workers at once: {story(twice)}"
     assert not together, f"threads with two members held at once: {story(together)}"
