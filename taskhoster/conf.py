@@ -238,7 +238,8 @@ SETTINGS: tuple[Setting, ...] = (
         "float",
         "The largest share of the time background work (reclaiming a deleted queue, deletes "
         "by status, retention of many items, unlinking behind them, repair beside a live "
-        "server) may take: after each chunk it rests in proportion. 1 runs it flat out.",
+        "server) may take while foreground work runs on the host: after each chunk it rests in "
+        "proportion; alone it never rests. 1 runs it flat out always.",
         minimum=0,
         above=True,
         maximum=1,
@@ -247,8 +248,9 @@ SETTINGS: tuple[Setting, ...] = (
         "BACKGROUND_CHUNK_SECONDS",
         0.02,
         "float",
-        "About how long one chunk of background work may run: chunks are sized to it, so "
-        "foreground work waits at most about this long behind one.",
+        "About how long one chunk of background work may run while foreground work runs: "
+        "chunks are sized to it, so that work waits at most about this long behind one "
+        "(alone, chunks grow to the largest).",
         minimum=0,
         above=True,
     ),

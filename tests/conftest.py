@@ -20,6 +20,8 @@ from django.conf import settings
 from rest_framework.test import APIClient
 
 from taskhoster import engine
+from taskhoster.engine.pacing import ForegroundMark
+from taskhoster.engine.pacing import _marks as pacing_marks
 from taskhoster.engine.removal import RECLAIM_THREAD
 from taskhoster.keys import create_key
 
@@ -68,7 +70,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 @pytest.fixture(autouse=True)
-def state_root(tmp_path: Path, settings: Any) -> Path:
+def state_root(tmp_path: Path, settings: Any) -> Iterator[Path]:
     root = tmp_path / "state"
     # Engine calls made by the tests themselves commit in a thread of this process (servers
     # the tests start use a committer process, as in production).
@@ -78,7 +80,10 @@ def state_root(tmp_path: Path, settings: Any) -> Path:
         "LONG_POLL_INTERVAL": 0.05,
         "COMMITTER": "thread",
     }
-    return root
+    yield root
+    # The host-wide mark of foreground work kept for this root (``engine.pacing``).
+    ForegroundMark.path(root).unlink(missing_ok=True)
+    pacing_marks.pop(root, None)
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from ..models import Item, Queue
 from ..status import LIVE_STATUSES, TERMINAL_STATUSES, RetainFrom, Status
 from ..timeutil import now as utcnow
 from .common import seconds
-from .pacing import Pacer
+from .pacing import Pacer, background
 from .removal import reclaim_deleted_queues
 from .rows import ITEM, adapt_time
 from .transitions import apply_clock
@@ -87,7 +87,8 @@ def _clock(
     for ids in _walk(queryset, column, pacer):
         pacer.wait_for_turn()
         started = time.perf_counter()
-        changed += _apply(ids, clock, at, report)
+        with background():
+            changed += _apply(ids, clock, at, report)
         pacer.chunk_done(len(ids), time.perf_counter() - started)
     return changed
 

@@ -44,7 +44,7 @@ from ..conf import get_conf
 from ..errors import StoreError, TaskhosterError
 from ..faults import GATHER, fault, slow_seconds
 from ..osthread import name_os_thread
-from . import reclaim
+from . import pacing, reclaim
 from .common import store
 from .group import Group
 from .ops import Claim, Extend, MarkFetched, Op, Reclaim, Release
@@ -85,6 +85,8 @@ def _refused_root() -> TaskhosterError | None:
 
 def run_group(ops: list[Op], shard: int) -> None:
     """Run ``ops`` as one group and answer them; never raises."""
+    if not all(op.background for op in ops):
+        pacing.mark_foreground()
     taken = _refused_root()
     if taken is not None:
         log.error("%s", taken.message)
@@ -382,6 +384,7 @@ def execute(op: Op) -> Any:
     Inside the caller's own transaction it runs there and then, as a group of one.
     """
     op.future = Future()
+    op.background = pacing.in_background()
     if connection.in_atomic_block:
         run_group([op], _shard)
     else:

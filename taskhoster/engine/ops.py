@@ -69,6 +69,9 @@ class Op:
     wire_id: int | None = field(default=None, init=False, repr=False)
     # When it was handed to this process's committer (time.monotonic), for admission.
     submitted: float = field(default=0.0, init=False, repr=False)
+    # Handed in by background work (``pacing.background``): it does not make other
+    # background work rest.
+    background: bool = field(default=False, init=False, repr=False)
     # ``events.generation()`` when its answer came: news delivered before it came from
     # groups no later than this operation's (one committer answers in order).
     generation: int = field(default=0, init=False, repr=False)
