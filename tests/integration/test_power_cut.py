@@ -1,36 +1,33 @@
 """I1 and I2 under a power cut: every state the disk can be left in after any file operation
 of a run of group commits loses no acknowledged post and undoes no acknowledged verdict.
 
-How (in the spirit of the ALICE study, which enumerated crash states from syscall traces):
-a run of groups (posts single and batched, threaded items, claims, results, retryable and
-final failures with a dead-letter copy, a restart, lapsed leases) goes through the real
-engine with the store's syscalls recorded in order, with the moment each answer went out.
-A power cut after operation k keeps everything up to the last flush barrier before k, and of
-the operations after it any subset, each write possibly cut short (the weakest model a POSIX
-filesystem allows: nothing after a barrier is ordered; a stronger filesystem leaves fewer
-states). Each state is built from a copy of the run's starting tree, the index is rebuilt
-from the files alone (``repair`` on an empty database: a power cut may also lose the
-database), and then:
+How (in the spirit of the ALICE and CrashMonkey studies, which enumerate crash states from
+syscall traces): a run of groups (posts single and batched, threaded items, claims, results,
+retryable and final failures with a dead-letter copy, a restart, lapsed leases) goes through
+the real engine with the store's syscalls recorded in order, with the moment each answer went
+out. A power cut after operation k leaves what ``crash_model`` allows: durability per file and
+per directory (a file's ``fsync`` keeps its data, a directory's keeps its entries, ``syncfs``
+keeps everything; of the rest any subset of the entries, and of each file a prefix of its
+writes, the last one cut short or zeroed). So a flush that forgets a directory, or aims at a
+renamed file's old name, leaves states that lose what was acknowledged. Each state is written
+out as a tree, the index is rebuilt from the files alone (``repair`` on an empty database: a
+power cut may also lose the database), and then:
 
 - every post answered before k exists, with its payload;
 - every verdict answered before k (a result accepted, a final failure) stands;
 - the index says what the directories say.
 
-A FUSE layer that drops unsynced writes (Jepsen's LazyFS) tests a real mount, but it is a C++
-daemon to build from source and run privileged beside the suite, and it drops the unsynced
-writes as a whole, not in every subset; the recording here needs nothing beyond the test,
-runs in seconds and explores states a real power cut would rarely produce. The exploration is
-bounded by ``TASKHOSTER_POWER_CUT_SECONDS`` (default 25 per flush mode) and reports how much
-it covered.
+Every crash point is visited (one after each recorded operation). The states of a point are
+counted exactly; CI checks up to ``TASKHOSTER_POWER_CUT_STATES_PER_POINT`` of them (6; the state
+that keeps nothing unflushed, and a seeded sample), and ``TASKHOSTER_POWER_CUT_ALL=1``
+(``scripts/power-cut-all``) checks every one. Each mode prints ``explored N of M states``.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import random
 import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,9 +44,11 @@ from taskhoster.store import Syscalls, decode
 from taskhoster.timeutil import now as utcnow
 
 from .consistency import assert_index_matches_directories
+from .crash_model import Disk, write_tree
 
-BUDGET = float(os.environ.get("TASKHOSTER_POWER_CUT_SECONDS", "25"))
-MAX_SUBSETS = 48  # subsets of one crash point's unflushed operations, at most
+# Every state of every crash point (``scripts/power-cut-all``), or up to this many a point.
+ALL_STATES = os.environ.get("TASKHOSTER_POWER_CUT_ALL") == "1"
+STATES_PER_POINT = int(os.environ.get("TASKHOSTER_POWER_CUT_STATES_PER_POINT", "6"))
 
 
 @dataclass
@@ -90,7 +89,8 @@ class RecordingSyscalls(Syscalls):
 
     def fsync(self, path: str) -> None:
         super().fsync(path)
-        self.trace.ops.append(("fsync", self.trace.rel(path)))
+        kind = "fsync-dir" if os.path.isdir(path) else "fsync"
+        self.trace.ops.append((kind, self.trace.rel(path)))
 
     def syncfs(self, path: str) -> None:
         super().syncfs(path)
@@ -175,77 +175,26 @@ def run_workload(trace: Trace) -> None:
 # -- crash states -----------------------------------------------------------------------------
 
 
-def apply(root: Path, op: tuple[Any, ...], cut: bool) -> None:
-    """Replay one recorded operation on a copy (``cut``: only half of its data got there).
-    An operation whose file is not there (its creation was lost) is lost with it."""
-    kind = op[0]
-    try:
-        if kind == "create":
-            data = op[2][: len(op[2]) // 2] if cut else op[2]
-            (root / op[1]).write_bytes(data)
-        elif kind == "append":
-            data = op[2][: len(op[2]) // 2] if cut else op[2]
-            path = root / op[1]
-            if path.exists():
-                with open(path, "ab") as handle:
-                    handle.write(data)
-        elif kind == "truncate":
-            os.truncate(root / op[1], op[2])
-        elif kind == "rename":
-            os.rename(root / op[1], root / op[2])
-        elif kind == "unlink":
-            os.unlink(root / op[1])
-    except FileNotFoundError:
-        pass
+FILE_OPS = {"create", "append", "truncate", "rename", "unlink", "fsync", "fsync-dir", "barrier"}
 
 
-def crash_states(ops: list[tuple[Any, ...]], rng: random.Random) -> Any:
-    """(k, durable prefix, unflushed subset, cut) for crash points k, most informative first."""
-    points = list(range(len(ops) + 1))
-    rng.shuffle(points)
-    for k in points:
-        last = max((i for i in range(k) if ops[i][0] == "barrier"), default=-1)
-        tail = [i for i in range(last + 1, k) if ops[i][0] in FILE_OPS]
-        if len(tail) <= 5:
-            subsets = [
-                list(s) for n in range(len(tail) + 1) for s in itertools.combinations(tail, n)
-            ]
-        else:
-            subsets = [[], tail] + [
-                [i for i in tail if rng.random() < 0.5] for _ in range(MAX_SUBSETS - 2)
-            ]
-        for subset in subsets[:MAX_SUBSETS]:
-            writes = [i for i in subset if ops[i][0] in ("create", "append")]
-            yield k, last, subset, None
-            if writes:
-                yield k, last, subset, rng.choice(writes)
+def crash_points(base: Path, ops: list[tuple[Any, ...]]) -> Any:
+    """(k, the disk as a power cut after the first k operations may leave it), for every k."""
+    disk = Disk(base)
+    yield 0, disk.crash_point()
+    for k, op in enumerate(ops, start=1):
+        if op[0] in FILE_OPS:
+            disk.play(op)
+        yield k, disk.crash_point()
 
 
-FILE_OPS = {"create", "append", "truncate", "rename", "unlink"}
-
-
-def with_fsync_barriers(ops: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """In fsync mode a group's flush is an fsync of each file it wrote and each directory it
-    touched: a barrier for the group once the last of them returns (a crash part-way leaves
-    a subset of the group's operations, as before any barrier)."""
-    out: list[tuple[Any, ...]] = []
-    for n, op in enumerate(ops):
-        out.append(op)
-        following = ops[n + 1][0] if n + 1 < len(ops) else None
-        if op[0] == "fsync" and following != "fsync":
-            out.append(("barrier",))
-    return out
-
-
-def build(base: Path, target: Path, ops: list[tuple[Any, ...]], state: tuple[Any, ...]) -> None:
-    _k, last, subset, cut = state
-    shutil.rmtree(target, ignore_errors=True)
-    shutil.copytree(base, target)
-    for i in range(last + 1):
-        if ops[i][0] in FILE_OPS:
-            apply(target, ops[i], cut=False)
-    for i in subset:
-        apply(target, ops[i], cut=(i == cut))
+def chosen_states(count: int, rng: random.Random) -> list[int]:
+    """Which of a crash point's ``count`` states to check: all of them with ``ALL_STATES``
+    (or when there are few), else the state that keeps nothing unflushed, and a seeded
+    sample."""
+    if ALL_STATES or count <= STATES_PER_POINT:
+        return list(range(count))
+    return [0, *rng.sample(range(1, count), STATES_PER_POINT - 1)]
 
 
 def acknowledged(ops: list[tuple[Any, ...]], k: int) -> tuple[dict[str, Any], dict[str, str]]:
@@ -259,26 +208,43 @@ def acknowledged(ops: list[tuple[Any, ...]], k: int) -> tuple[dict[str, Any], di
     return posts, verdicts
 
 
-def check_after_repair(root: Path, ops: list[tuple[Any, ...]], state: tuple[Any, ...]) -> None:
+@dataclass
+class StateName:
+    """A crash state as a failure names it: which one, after what."""
+
+    number: int
+    count: int
+    ops: list[tuple[Any, ...]]
+    k: int
+
+    def __str__(self) -> str:
+        recent = [
+            " ".join(str(x) if not isinstance(x, bytes) else f"<{len(x)} bytes>" for x in op)
+            for op in self.ops[max(0, self.k - 25) : self.k]
+        ]
+        return f"state {self.number} of {self.count} after op {self.k} (the last ops: {recent})"
+
+
+def check_after_repair(root: Path, ops: list[tuple[Any, ...]], k: int, what: StateName) -> None:
     Item.objects.all().delete()
     Thread.objects.all().delete()
     QueueCount.objects.all().delete()
     Queue.objects.all().delete()
     engine.repair(grace_seconds=0)
-    posts, verdicts = acknowledged(ops, state[0])
-    restarted = {op[1] for op in ops[: state[0]] if op[0] == "restart"}
+    posts, verdicts = acknowledged(ops, k)
+    restarted = {op[1] for op in ops[:k] if op[0] == "restart"}
     rows = {r.id: r for r in Item.objects.select_related("queue")}
     for item_id, payload in posts.items():
-        assert item_id in rows, f"acknowledged post {item_id} lost in {state}"
+        assert item_id in rows, f"acknowledged post {item_id} lost in {what}"
         row = rows[item_id]
         found = next(root.glob(f"{row.queue.name}/*/{item_id}.json"))
         record = decode(found.read_bytes())[0]
-        assert record["payload"] == payload, f"post {item_id} has another payload in {state}"
+        assert record["payload"] == payload, f"post {item_id} has another payload in {what}"
     for item_id, status in verdicts.items():
         row = rows.get(item_id)
-        assert row is not None, f"item {item_id} with an acknowledged verdict lost in {state}"
+        assert row is not None, f"item {item_id} with an acknowledged verdict lost in {what}"
         if item_id not in restarted:
-            assert row.status == status, f"verdict {status} of {item_id} undone in {state}"
+            assert row.status == status, f"verdict {status} of {item_id} undone in {what}"
     assert_index_matches_directories(root)
 
 
@@ -286,7 +252,12 @@ def check_after_repair(root: Path, ops: list[tuple[Any, ...]], state: tuple[Any,
 @pytest.mark.django_db
 @pytest.mark.parametrize("flush", ["syncfs", "fsync"])
 def test_no_power_cut_loses_an_acknowledged_post_or_undoes_a_verdict(
-    flush: str, settings: Any, state_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    flush: str,
+    settings: Any,
+    state_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     settings.TASKHOSTER = {**settings.TASKHOSTER, "FSYNC": True, "FLUSH": flush}
     engine.upsert_queue(name="dead", body={})
@@ -299,23 +270,36 @@ def test_no_power_cut_loses_an_acknowledged_post_or_undoes_a_verdict(
     monkeypatch.setattr(the_store(), "sys", RecordingSyscalls(trace))
     record_acks(trace, monkeypatch)
     run_workload(trace)
-    ops = with_fsync_barriers(trace.ops)
+    ops = trace.ops
     assert {op[0] for op in ops} >= {"ack-post", "ack-verdict", "create", "append", "rename"}
 
     crashed = tmp_path / "crashed"
     settings.TASKHOSTER = {**settings.TASKHOSTER, "ROOT": str(crashed)}
-    rng = random.Random(20261130)
-    explored = 0
-    started = time.monotonic()
-    for state in crash_states(ops, rng):
-        build(base, crashed, ops, state)
-        check_after_repair(crashed, ops, state)
-        explored += 1
-        if time.monotonic() - started > BUDGET:
-            break
-    barriers = sum(1 for op in ops if op[0] == "barrier")
-    print(
-        f"power cut ({flush}): {explored} crash states of {len(ops)} recorded operations, "
-        f"{barriers} barriers"
-    )
-    assert explored >= 200
+    rng = random.Random(20261201)
+    total = explored = points = 0
+    checked: set[tuple[int, int]] = set()  # (tree, acknowledgements) already checked
+    for k, point in crash_points(base, ops):
+        count = point.count()
+        total += count
+        points += 1
+        acks = hash(tuple(op for op in ops[:k] if op[0] not in FILE_OPS))
+        for number in chosen_states(count, rng):
+            contents = point.state(number)
+            explored += 1
+            seen = (hash(tuple(sorted(contents.items()))), acks)
+            if seen in checked:
+                continue
+            checked.add(seen)
+            shutil.rmtree(crashed, ignore_errors=True)
+            write_tree(base, crashed, contents)
+            check_after_repair(crashed, ops, k, StateName(number, count, ops, k))
+    with capsys.disabled():
+        print(
+            f"\npower cut ({flush}): explored {explored} of {total} states "
+            f"({len(checked)} distinct trees checked) over {points} crash points of "
+            f"{len(ops)} recorded operations"
+            + ("" if ALL_STATES else f" (up to {STATES_PER_POINT} a point, seeded)")
+        )
+    assert points == len(ops) + 1
+    if ALL_STATES:
+        assert explored == total
