@@ -9,7 +9,7 @@ runs in chunks, and a ``Pacer`` between the chunks:
 
 - keeps every chunk short: it sizes the next chunk so that it takes about
   ``BACKGROUND_CHUNK_SECONDS`` (a foreground group waits at most that long behind it);
-  alone, chunks grow to the largest the work allows;
+  alone, chunks grow to ``ALONE_CHUNKS`` times that;
 - keeps the background's share of the time at most ``BACKGROUND_SHARE``: after a chunk of
   ``t`` seconds it rests ``t * (1 - share) / share``;
 - and, before the next chunk, waits while this process's committer has operations waiting
@@ -46,6 +46,8 @@ MOST_WAIT_SECONDS = 0.2
 WAIT_STEP_SECONDS = 0.005
 # Foreground work this recent (on any process of the host) makes background work rest.
 FOREGROUND_RECENT_SECONDS = 1.0
+# Alone, a chunk may take up to this many times ``BACKGROUND_CHUNK_SECONDS``.
+ALONE_CHUNKS = 5
 SHARED_MEMORY = Path("/dev/shm")
 
 _SLOT = struct.Struct("d")  # time.monotonic() of the last foreground group: one host's clock
@@ -175,11 +177,15 @@ class Pacer:
                 self.sleep(self.rest)
                 self.rested += self.rest
             self.rest = 0.0
-        # Alone, chunks grow to the largest (nobody waits behind them, and each chunk has a
-        # cost of its own: a round trip and a flush); beside the foreground, they take
-        # about ``BACKGROUND_CHUNK_SECONDS``.
+        # Alone, chunks grow (nobody waits behind them, and each chunk has a cost of its own:
+        # a round trip and a flush), up to ``ALONE_CHUNKS`` times ``BACKGROUND_CHUNK_SECONDS``
+        # (foreground work that starts meanwhile waits behind one such chunk, once); beside
+        # the foreground, they take about ``BACKGROUND_CHUNK_SECONDS``.
         self.grow = not yielding
-        self.size = min(self.most, max(self.fit, self.size * 2)) if self.grow else self.fit
+        if self.grow:
+            self.size = min(self.most, self.fit * ALONE_CHUNKS, max(self.fit, self.size * 2))
+        else:
+            self.size = self.fit
         deadline = time.monotonic() + MOST_WAIT_SECONDS
         while self.busy() and time.monotonic() < deadline:
             self.sleep(WAIT_STEP_SECONDS)
