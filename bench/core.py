@@ -165,6 +165,10 @@ def destroy_environment(env: Environment, *, keep: bool) -> None:
         say(f"kept {env.tmp}")
     else:
         shutil.rmtree(env.tmp, ignore_errors=True)
+        with contextlib.suppress(Exception):  # the host's mark of foreground work (pacing)
+            from taskhoster.engine.pacing import ForegroundMark
+
+            ForegroundMark.path(env.root).unlink(missing_ok=True)
 
 
 def migrate(env: Environment) -> None:
