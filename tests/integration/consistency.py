@@ -1,7 +1,8 @@
 """Checks shared by the crash and repair tests: the index must say what the state directories say.
 
 ``assert_index_matches_directories``: every item row has its file exactly once, in the directory
-of its status, with the row's ``rev``; no file lacks a row; no temporary file is left behind.
+of its status, with the row's ``rev`` and a last status line that agrees (a verdict in done/
+and only there); no file lacks a row; no temporary file is left behind.
 ``assert_threads_consistent``: eligibility and the thread rows follow SPEC section 1 and rule 2
 (at most one member processing, at most one eligible, the eligible one is the head, and only
 while no member is processing).
@@ -61,6 +62,13 @@ def assert_index_matches_directories(root: Path) -> None:
         on_disk = read_file(root, queue, expected[1], item_id)
         if on_disk.get("rev") != rev:
             problems.append(f"row {item_id} has rev {rev}, its file rev {on_disk.get('rev')}")
+        # The file's last word on its status agrees with its directory (repair's rows 2 and 3:
+        # a verdict line outside done/, a done/ file without one).
+        said = Status(on_disk.get("status") or Status.PENDING)
+        if said.is_terminal != (expected[1] == State.DONE.value) or (
+            said.is_terminal and said != Status(status)
+        ):
+            problems.append(f"file of {item_id} in {expected[1]}/ says it is {said}")
     for item_id, where in sorted(disk.items()):
         problems.append(f"file without a row: {item_id} in {where}")
     for tmp in temporaries(root):
