@@ -314,19 +314,11 @@ def _cpu_seconds(pid: int) -> float:
     return total
 
 
-def test_idle_long_polls_wait_on_news_not_on_the_database(server_factory, make_key):
-    """A hundred idle GET ?wait long-polls once used 72% of a core, each querying the
-    database ten times a second; they wait on news now, and a verdict wakes its own at once."""
-    engine.upsert_queue(name="q", body={})
-    items = [
-        p.row.id
-        for p in engine.post_items(
-            queue_name="q", items=[engine.NewItem(payload=n) for n in range(40)]
-        )
-    ]
-    server = server_factory()
+def _idle_long_polls(server: Server, headers: dict[str, str], items: list[str]) -> float:
+    """Share of a core the server spends while a long-poll waits on each of ``items``; then
+    the first gets a verdict. Asserts that the verdict's news woke its own long-poll at once
+    and that the others waited their wait."""
     assert server.proc is not None
-    headers = {"Authorization": f"Token {make_key()}"}
     results: dict[str, float] = {}
 
     def wait(item_id: str) -> None:
@@ -345,9 +337,34 @@ def test_idle_long_polls_wait_on_news_not_on_the_database(server_factory, make_k
     httpx.post(f"{server.url}/api/items/{finished}/result", json={"result": 1}, headers=headers)
     for t in threads:
         t.join(30)
-    assert idle < 0.10, f"forty idle long-polls cost {idle:.0%} of a core"
     assert results[finished] < 8, "the verdict's news woke its long-poll"
     assert all(results[i] >= 11 for i in items[1:]), "the others waited their wait"
+    return idle
+
+
+def test_idle_long_polls_wait_on_news_not_on_the_database(server_factory, make_key):
+    """A hundred idle GET ?wait long-polls once used 72% of a core, each querying the
+    database ten times a second; they wait on news now (looking again once a second), and a
+    verdict wakes its own at once. The cost is compared, on the same machine in the same
+    test, with long-polls that look ten times a second as they did (a fixed share of a core
+    passed or failed with the machine's speed: 18% on a slow day)."""
+    engine.upsert_queue(name="q", body={})
+    items = [
+        p.row.id
+        for p in engine.post_items(
+            queue_name="q", items=[engine.NewItem(payload=n) for n in range(80)]
+        )
+    ]
+    headers = {"Authorization": f"Token {make_key()}"}
+    waiting = _idle_long_polls(server_factory(), headers, items[:40])
+    polling = _idle_long_polls(
+        server_factory(TASKHOSTER_LONG_POLL_INTERVAL="0.1"), headers, items[40:]
+    )
+    print(f"idle long-polls: {waiting:.1%} of a core waiting, {polling:.1%} polling")
+    assert waiting < polling / 3, (
+        f"forty idle long-polls cost {waiting:.0%} of a core, {polling:.0%} looking ten times "
+        "a second"
+    )
 
 
 def test_a_waiting_long_poll_holds_no_database_connection(server_factory, make_key):
