@@ -250,7 +250,7 @@ SETTINGS: tuple[Setting, ...] = (
         "float",
         "About how long one chunk of background work may run while foreground work runs: "
         "chunks are sized to it, so that work waits at most about this long behind one "
-        "(alone, chunks grow to the largest).",
+        "(alone, chunks grow to five times this).",
         minimum=0,
         above=True,
     ),
