@@ -154,7 +154,7 @@ class Pacer:
         self.most = max(least, most)
         self.size = max(least, min(self.most, start))
         self.fit = self.size  # the size that takes about ``chunk_seconds``
-        self.grow = False  # alone: chunks grow to ``most``
+        self.grow = False  # alone: chunks grow (to ``ALONE_CHUNKS`` times ``fit``)
         self.busy = busy
         self.foreground = foreground
         self.sleep = sleep
