@@ -28,7 +28,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,6 +143,12 @@ class Syscalls:
     def unlink(self, path: str) -> None:
         os.unlink(path)
 
+    def mkdir(self, path: str) -> None:
+        os.mkdir(path, 0o750)
+
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path)
+
     def fsync(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -221,8 +226,28 @@ class StateStore:
         return self.root / TRASH
 
     def ensure_queue(self, queue: str) -> None:
-        for state in State:
-            self.state_dir(queue, state).mkdir(parents=True, exist_ok=True)
+        """The queue's directory and its state directories, made durable when any was new
+        (a file flushed into a directory whose own entry a power cut takes is lost too)."""
+        base = self.queue_dir(queue)
+        self.make_dirs([base, *(base / state.value for state in State)])
+
+    def make_dirs(self, paths: list[Path]) -> None:
+        """Make each missing directory (parents first, in order), then, with fsync on, flush
+        the directories that gained an entry."""
+        parents: set[str] = set()
+        for path in paths:
+            if path.is_dir():
+                continue
+            if not path.parent.is_dir():
+                path.parent.mkdir(parents=True, exist_ok=True)  # the root itself: not ours
+            try:
+                self.sys.mkdir(str(path))
+            except FileExistsError:
+                continue  # another process made it (and flushes its parent)
+            parents.add(str(path.parent))
+        if self.fsync:
+            for parent in sorted(parents):
+                self.sys.fsync(parent)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -270,7 +295,7 @@ class StateStore:
         source = self.queue_dir(queue)
         target = self.trash_dir / f"{queue}.{token}"
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            self.make_dirs([self.trash_dir])
             self.sys.rename(str(source), str(target))
         except FileNotFoundError:
             return None
@@ -300,9 +325,18 @@ class StateStore:
                     if limit is not None and removed >= limit:
                         return removed
                     with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
+                        self.sys.unlink(entry.path)
                         removed += 1
-        shutil.rmtree(path, ignore_errors=True)
+        # What is left: the (now empty) state directories, queue.json, temporaries.
+        for directory, subdirectories, files in os.walk(path, topdown=False):
+            for name in files:
+                with contextlib.suppress(FileNotFoundError):
+                    self.sys.unlink(os.path.join(directory, name))
+            for name in subdirectories:
+                with contextlib.suppress(OSError):
+                    self.sys.rmdir(os.path.join(directory, name))
+        with contextlib.suppress(OSError):
+            self.sys.rmdir(str(path))
         return removed
 
     def unlink_trashed(self, path: Path, state: State, item_id: str) -> bool:
@@ -314,7 +348,7 @@ class StateStore:
             raise StoreError(f"invalid item id {item_id!r}", code="invalid_id")
         for where in (state, *(s for s in State if s is not state)):
             try:
-                os.unlink(f"{path}/{where.value}/{item_id}{SUFFIX}")
+                self.sys.unlink(f"{path}/{where.value}/{item_id}{SUFFIX}")
                 return True
             except FileNotFoundError:
                 continue
@@ -597,7 +631,7 @@ class FileBatch:
             try:
                 self.store.sys.create(target, lines.encode())
             except FileNotFoundError:
-                trash.mkdir(parents=True, exist_ok=True)
+                self.store.make_dirs([trash])
                 self.store.sys.create(target, lines.encode())
         except OSError as exc:
             raise StoreError(f"could not write the list of files to remove: {exc}") from exc
@@ -629,14 +663,11 @@ def write_queue_settings(store: StateStore, queue: str, settings: dict[str, Any]
     """Keep a queue's settings beside its items, so a lost database loses no settings."""
     store.ensure_queue(queue)
     path = store.queue_dir(queue) / "queue.json"
-    tmp = path.with_name(f".queue.{secrets.token_hex(4)}{TMP_SUFFIX}")
-    data = json.dumps(settings, sort_keys=True).encode()
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        if store.fsync:
-            handle.flush()
-            os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    tmp = str(path.with_name(f".queue.{secrets.token_hex(4)}{TMP_SUFFIX}"))
+    store.sys.create(tmp, json.dumps(settings, sort_keys=True).encode())
+    if store.fsync:
+        store.sys.fsync(tmp)
+    store.sys.rename(tmp, str(path))
     if store.fsync:
         store.sys.fsync(str(path.parent))
 

@@ -122,3 +122,41 @@ def test_an_unflushed_unlink_may_be_undone(tmp_path: Path) -> None:
         tmp_path / "2", ("unlink", "q/done/a.json"), ("fsync-dir", "q/done"), start=start
     )
     assert flushed == {frozenset()}
+
+
+def test_a_file_in_a_new_directory_is_lost_with_the_directorys_entry(tmp_path: Path) -> None:
+    ops = [
+        ("mkdir", "r"),
+        ("mkdir", "r/pending"),
+        ("create", "r/pending/a.json", DATA),
+        ("fsync", "r/pending/a.json"),
+        ("fsync-dir", "r/pending"),
+    ]
+    found = states(tmp_path / "1", *ops)
+    assert frozenset() in found  # the file is durable in a directory nothing durable names
+    flushed = states(tmp_path / "2", *ops, ("fsync-dir", "r"), ("fsync-dir", "."))
+    assert flushed == {frozenset({("r/pending/a.json", DATA)})}
+
+
+def test_a_renamed_directory_takes_its_files_along(tmp_path: Path) -> None:
+    start = {"q/pending/a.json": DATA, "q/done/b.json": DATA}
+    ops = [("mkdir", ".trash"), ("rename", "q", ".trash/q.1"), ("fsync-dir", ".")]
+    found = states(tmp_path, *ops, start=start)
+    assert found == {
+        frozenset({(".trash/q.1/pending/a.json", DATA), (".trash/q.1/done/b.json", DATA)})
+    }
+
+
+def test_a_directory_is_flushed_as_the_inode_it_is_whatever_it_is_called_now(
+    tmp_path: Path,
+) -> None:
+    ops = [
+        ("create", "q/pending/a.json", DATA),
+        ("fsync", "q/pending/a.json"),
+        ("mkdir", ".trash"),
+        ("rename", "q", ".trash/q.1"),
+        ("fsync-dir", "."),
+        ("fsync-dir", ".trash/q.1/pending"),  # the directory a.json was created in
+    ]
+    found = states(tmp_path, *ops)
+    assert found == {frozenset({(".trash/q.1/pending/a.json", DATA)})}

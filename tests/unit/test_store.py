@@ -65,6 +65,14 @@ class Recorder(Syscalls):
         self.calls.append(("truncate", path))
         super().truncate(path, size)
 
+    def mkdir(self, path: str) -> None:
+        super().mkdir(path)
+        self.calls.append(("mkdir", path))
+
+    def rmdir(self, path: str) -> None:
+        super().rmdir(path)
+        self.calls.append(("rmdir", path))
+
     def fsync(self, path: str) -> None:
         self.calls.append(("fsync", path))
         super().fsync(path)
@@ -133,10 +141,30 @@ def test_a_record_ends_at_its_first_torn_line_whatever_follows() -> None:
 
 
 def test_a_post_creates_its_file_in_pending(store: StateStore) -> None:
+    store.ensure_queue("q")
+    calls(store).calls.clear()
     batch = store.batch()
     batch.create("q", "a1", encode_line(record("a1")))
     assert store.read("q", State.PENDING, "a1") == record("a1")
     assert calls(store).kinds() == ["create"]
+
+
+def test_a_new_queues_directories_are_durable_before_anything_is_written_into_them(
+    store: StateStore,
+) -> None:
+    """A file flushed into a directory whose own entry a power cut takes is lost with it: the
+    queue's directory is flushed into the root, its state directories into it."""
+    store.root.mkdir()
+    batch = store.batch()
+    batch.create("q", "a1", encode_line(record("a1")))
+    root, queue = str(store.root), str(store.queue_dir("q"))
+    made = [path for kind, path in calls(store).calls if kind == "mkdir"]
+    assert made == [queue, *(f"{queue}/{state.value}" for state in State)]
+    assert calls(store).calls[len(made) : len(made) + 2] == [("fsync", root), ("fsync", queue)]
+    assert calls(store).kinds()[-1] == "create"
+    calls(store).calls.clear()
+    store.ensure_queue("q")
+    assert calls(store).calls == []  # nothing new, nothing flushed
 
 
 def test_a_post_into_an_existing_id_is_refused(store: StateStore) -> None:
