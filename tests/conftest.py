@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from django.conf import settings
 from rest_framework.test import APIClient
@@ -36,7 +37,10 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
     PostgreSQL refuses to drop a database another session holds (after waiting 5 s), and the
     suite starts hundreds of server, committer and sweep processes and threads; one still
     holding a connection as the session ends (a pooled connection a thread has not given
-    back) would turn a green run red at teardown. Name it, then end it.
+    back) would turn a green run red at teardown, for a reason no test names. So every
+    process a test starts names its sessions after that test (``PGAPPNAME``, set below), and
+    a session still there at the end fails the run with the name of the test that left it
+    (after ending it, so the database can still be dropped).
     """
     yield
     from django.db import connection
@@ -44,19 +48,55 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
     with django_db_blocker.unblock():
         if connection.vendor != "postgresql":
             return
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pid, application_name, client_port, state, left(query, 80) "
-                "FROM pg_stat_activity WHERE datname = current_database() "
-                "AND pid <> pg_backend_pid()"
-            )
-            others = cursor.fetchall()
+        # This process's pool keeps idle sessions open by design: close it, and look from a
+        # connection of our own.
+        connection.close()
+        connection.close_pool()
+        db = connection.settings_dict
+        with (
+            psycopg.connect(
+                dbname=db["NAME"],
+                user=db.get("USER") or None,
+                password=db.get("PASSWORD") or None,
+                host=db.get("HOST") or "127.0.0.1",
+                port=db.get("PORT") or 5432,
+                application_name="the end of the test session",
+                autocommit=True,
+            ) as own,
+            own.cursor() as cursor,
+        ):
+            # A session closed a moment ago is still listed until its backend has exited:
+            # only one still there after a while was left open.
+            deadline = time.monotonic() + 15
+            while True:
+                cursor.execute(
+                    "SELECT pid, application_name, client_port, state, left(query, 80) "
+                    "FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid()"
+                )
+                others = cursor.fetchall()
+                if not others or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
             if others:
-                sys.stderr.write(f"\nsessions still on the test database, ended: {others}\n")
                 cursor.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                     "WHERE datname = current_database() AND pid <> pg_backend_pid()"
                 )
+        if others:
+            pytest.fail(
+                "sessions were left on the test database (ended now); each is named "
+                f"(application_name) after the test whose process opened it: {others}",
+                pytrace=False,
+            )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Every database session a process of this test opens is named after it (libpq reads
+    ``PGAPPNAME``; the last 63 characters, PostgreSQL's limit), so a session left behind
+    says which test left it."""
+    os.environ["PGAPPNAME"] = item.nodeid[-63:]
 
 
 @pytest.hookimpl(tryfirst=True)
