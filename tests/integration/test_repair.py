@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -395,3 +396,108 @@ def test_repair_quarantines_an_unreadable_file_and_reports_it(state_root: Path):
     assert not bad.exists()
     assert (state_root / ".quarantine" / "main.pending.0000000000000000bad000.json").exists()
     assert set(Item.objects.values_list("id", flat=True)) == {good}
+
+
+# -- the crash table of docs/architecture.md, row by row: what a crash leaves, what repair does --
+
+
+def states_of(root: Path, item_id: str) -> list[str]:
+    """The state directories of queue main holding the item's file."""
+    return [state for _queue, state in files_on_disk(root).get(item_id, [])]
+
+
+def file_of(root: Path, item_id: str) -> Path:
+    (state,) = states_of(root, item_id)
+    return root / "main" / state / f"{item_id}.json"
+
+
+def next_line(item_id: str, **patch: Any) -> bytes:
+    """A line that would follow the item's last one."""
+    return encode_line({"rev": Item.objects.get(id=item_id).rev + 1, **patch})
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("forget", [False, True], ids=["index-kept", "index-lost"])
+@pytest.mark.parametrize("where", ["processing", "pending"])
+def test_crash_table_row_2_a_verdict_line_outside_done_is_moved_to_done(
+    state_root: Path, where: str, forget: bool
+):
+    # The verdict's line was written, its rename lost: the line says where the file belongs.
+    engine.upsert_queue(name="main", body={})
+    item = post(payload="a")
+    claim_one(item)
+    path = file_of(state_root, item)
+    line = next_line(item, status="finished", result={"answer": 1}, finishedAt=to_wire(utcnow()))
+    with open(path, "ab") as handle:
+        handle.write(line)
+    if where == "pending":
+        path.rename(state_root / "main" / "pending" / path.name)
+    if forget:
+        forget_everything()
+
+    engine.repair(grace_seconds=0)
+
+    assert states_of(state_root, item) == ["done"]
+    assert Item.objects.get(id=item).status == "finished"
+    assert read_file(state_root, "main", "done", item)["result"] == {"answer": 1}
+    assert_index_matches_directories(state_root)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("forget", [False, True], ids=["index-kept", "index-lost"])
+def test_crash_table_row_3_a_file_in_done_without_a_verdict_goes_back_to_processing_lapsed(
+    state_root: Path, forget: bool
+):
+    # The rename reached the disk, the verdict's line did not: the item is still held (its
+    # result was never acknowledged). Rebuilt from the file alone its lease has lapsed; with
+    # the index kept it keeps the lease it had (its worker may still send the result). Either
+    # way the sweep re-queues it once the lease has lapsed.
+    engine.upsert_queue(name="main", body={"maxAttempts": 3})
+    item = post(payload="a")
+    claim_one(item)
+    held = Item.objects.get(id=item).lease_expires_at
+    assert held is not None
+    path = file_of(state_root, item)
+    path.rename(state_root / "main" / "done" / path.name)
+    if forget:
+        forget_everything()
+
+    engine.repair(grace_seconds=0)
+
+    assert states_of(state_root, item) == ["processing"]
+    row = Item.objects.get(id=item)
+    assert row.status == "processing"
+    assert row.lease_expires_at is not None
+    if forget:
+        assert row.lease_expires_at <= utcnow()
+    else:
+        assert row.lease_expires_at == held
+    assert_index_matches_directories(state_root)
+    engine.sweep(at=max(utcnow(), held) + timedelta(seconds=1))
+    assert Item.objects.get(id=item).status == "pending"
+    assert states_of(state_root, item) == ["pending"]
+    assert [c.row.id for c in engine.claim(queue_name="main", max_items=5)] == [item]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("more", [False, True], ids=["torn-last", "torn-then-more"])
+def test_crash_table_row_6_a_torn_line_ends_the_record_and_repair_cuts_the_file_there(
+    state_root: Path, more: bool
+):
+    # A write a power cut cut short: the record ends at the first torn line (nothing after
+    # it was flushed), and repair cuts the file there, so later appends start on a whole line.
+    engine.upsert_queue(name="main", body={})
+    item = post(payload="a")
+    path = file_of(state_root, item)
+    whole = path.read_bytes()
+    torn = encode_line({"rev": 2, "status": "failed", "error": "x"})[:-7]
+    with open(path, "ab") as handle:
+        handle.write(torn + (encode_line({"rev": 3, "status": "finished"}) if more else b""))
+
+    report = engine.repair(grace_seconds=0)
+
+    assert report.torn_lines_cut == 1
+    assert path.read_bytes() == whole
+    assert Item.objects.get(id=item).status == "pending"
+    assert read_file(state_root, "main", "pending", item)["rev"] == 1
+    assert_index_matches_directories(state_root)
