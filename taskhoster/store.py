@@ -76,6 +76,39 @@ def _load_syncfs() -> Any:
 _syncfs = _load_syncfs()
 
 
+def filesystem_type(path: Path) -> str | None:
+    """The type of the filesystem ``path`` (or its nearest existing parent) is on, from
+    ``/proc/self/mountinfo`` (Linux); None where that cannot be read."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    target = path.resolve()
+    while not target.exists() and target != target.parent:
+        target = target.parent
+    best, best_type = "", None
+    for line in lines:
+        fields, _, after = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not after:
+            continue
+        # (mount points escape a space, a tab, a newline and a backslash as octal)
+        mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])
+        inside = str(target) == mount or str(target).startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, best_type = mount, after.split()[0]
+    return best_type
+
+
+def _syncfs_reaches_storage(root: Path) -> bool:
+    """Whether ``syncfs`` on ``root`` makes its files durable. Linux does not pass it to a
+    FUSE filesystem (it returns 0 having done nothing there), so there each file and
+    directory is flushed instead."""
+    kind = filesystem_type(root)
+    return not (kind and kind.startswith("fuse"))
+
+
 def encode_line(fields: Record) -> bytes:
     return json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
@@ -185,7 +218,9 @@ class StateStore:
     def __init__(self, root: Path | str, *, fsync: bool = True, flush: str = "syncfs") -> None:
         self.root = Path(root).resolve()
         self.fsync = fsync
-        self.flush_mode = flush if (flush != "syncfs" or _syncfs is not None) else "fsync"
+        self.flush_mode = flush
+        if flush == "syncfs" and (_syncfs is None or not _syncfs_reaches_storage(self.root)):
+            self.flush_mode = "fsync"
         self.sys = Syscalls()
         self._queue_paths: dict[str, str] = {}
 
@@ -596,6 +631,11 @@ class FileBatch:
             self.undo.append(("rename", target, path))
             self.directories.add(os.path.dirname(path))
             self.directories.add(os.path.dirname(target))
+            if path in self.written:
+                # Written earlier in this group (a post its claim joined, a failure claimed
+                # again): its data is flushed under the name it has now.
+                self.written.discard(path)
+                self.written.add(target)
         if patch is not None:
             self.written.add(target)
 

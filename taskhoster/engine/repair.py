@@ -129,6 +129,7 @@ def _repair_queue(
     # Beside a live server this is background work: a paced chunk of files at a time.
     pending = list(by_id.items())
     done = 0
+    unreadable: set[str] = set()  # every file of the item quarantined: as good as no file
 
     def chunk(size: int) -> int:
         nonlocal done
@@ -145,19 +146,22 @@ def _repair_queue(
                     continue
             except OSError:
                 continue  # moved while we looked: in flight
-            _repair_item(queue, item_id, files, report)
+            if not _repair_item(queue, item_id, files, report):
+                unreadable.add(item_id)
         return len(part)
 
     if grace > 0:
         Pacer(start=200).run(chunk)
     else:
         chunk(len(pending))  # at start-up, before any server: as fast as it goes
-    _drop_rows_without_files(queue, set(by_id), grace, report)
+    _drop_rows_without_files(queue, set(by_id) - unreadable, grace, report)
     report.threads_rebuilt += rebuild_threads(queue)
     recount(queue)
 
 
-def _repair_item(queue: Queue, item_id: str, found: list[FoundFile], report: RepairReport) -> None:
+def _repair_item(queue: Queue, item_id: str, found: list[FoundFile], report: RepairReport) -> bool:
+    """Make the item's row agree with its file; False if no file of it could be read (each
+    was quarantined)."""
     st = store()
     readable: list[tuple[State, Record, FoundFile]] = []
     for f in found:
@@ -170,7 +174,7 @@ def _repair_item(queue: Queue, item_id: str, found: list[FoundFile], report: Rep
             with contextlib.suppress(OSError):
                 st.quarantine(f.path)
     if not readable:
-        return
+        return False
     readable.sort(key=lambda t: (int(t[1].get("rev", 0)), STATE_RANK[t[0]]))
     state, record, _winner = readable[-1]
     for _s, _r, loser in readable[:-1]:
@@ -185,7 +189,7 @@ def _repair_item(queue: Queue, item_id: str, found: list[FoundFile], report: Rep
     status = _expected_status(state, record)
     row = Item.objects.filter(id=item_id).first()
     if row is not None and row.status == status and row.rev == int(record.get("rev", 0)):
-        return
+        return True
     if (
         row is not None
         and row.status == Status.PENDING
@@ -198,7 +202,7 @@ def _repair_item(queue: Queue, item_id: str, found: list[FoundFile], report: Rep
             _move(queue, item_id, State.PROCESSING, State.PENDING, report)
             report.rows_corrected += 1
             log.info("repair: %s/%s claim never committed, back in pending", queue.name, item_id)
-        return
+        return True
     fields = _fields_from_record(queue, state, status, record)
     if row is not None and row.status == Status.PROCESSING and status == Status.PROCESSING:
         fields["attempts"] = row.attempts
@@ -214,6 +218,7 @@ def _repair_item(queue: Queue, item_id: str, found: list[FoundFile], report: Rep
     else:
         report.rows_corrected += 1
     log.info("repair: %s/%s indexed as %s", queue.name, item_id, status)
+    return True
 
 
 def _move(queue: Queue, item_id: str, src: State, dst: State, report: RepairReport) -> State:

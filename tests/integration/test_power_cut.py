@@ -221,6 +221,16 @@ def run_workload(trace: Trace, lists: list[Path]) -> None:
         Release(item_id=r2.row.id, lease=r2.row.lease),
     )
     (again,) = group(Claim(queue_name="q", max_items=3))
+    # A post and its claim in one group (a socket's dispatcher joins a post's group), and a
+    # retryable failure claimed again in its own group: the file is written under one name
+    # and flushed under another.
+    ((h,), held) = group(post("s", "h"), Claim(queue_name="s", max_items=1))
+    assert [x.row.id for x in held] == [h.row.id]
+    _fail, held = group(
+        Fail(item_id=h.row.id, lease=held[0].row.lease, error="again", retry=True),
+        Claim(queue_name="s", max_items=1),
+    )
+    assert [x.row.id for x in held] == [h.row.id]
     # A restart may take back a verdict (rule 10): from here on, c's may be undone.
     trace.add("restart", c.id)
     group(
@@ -312,21 +322,25 @@ class Acknowledged:
     restarting: set[str] = field(default_factory=set)  # a restart under way may undo a verdict
     deleting: set[str] = field(default_factory=set)  # a delete under way may have taken them
     deleting_queues: set[str] = field(default_factory=set)
-    moved_after: set[str] = field(default_factory=set)  # moved on since its last verdict
+    moved_after: set[str] = field(default_factory=set)  # claimed since its last line
 
     @classmethod
     def before(cls, ops: list[tuple[Any, ...]], k: int) -> Acknowledged:
         acks = cls()
-        for op in ops[:k]:
+        last_line: dict[str, int] = {}  # where each item's last line was written
+        verdict_line: dict[str, int] = {}  # where the line of its last verdict was
+        claims: dict[str, list[int]] = {}  # where a claim renamed it into processing/
+        for n, op in enumerate(ops[:k]):
             kind = op[0]
             if kind == "ack-post":
                 acks.posts[op[1]] = op[2]
             elif kind == "ack-verdict":
                 acks.verdicts[op[1]] = (op[2], op[3])
-                acks.moved_after.discard(op[1])
-            elif kind == "rename" and op[2].endswith(".json"):
-                # A claim, and its result, durable or not, answered or not, may have moved it.
-                acks.moved_after.add(Path(op[2]).stem)
+                verdict_line[op[1]] = last_line.get(op[1], -1)
+            elif kind == "append":
+                last_line[Path(op[1]).stem] = n
+            elif kind == "rename" and "/processing/" in op[2]:
+                claims.setdefault(Path(op[2]).stem, []).append(n)
             elif kind == "restart":
                 acks.restarting.add(op[1])
             elif kind == "deleting-queue":
@@ -343,6 +357,13 @@ class Acknowledged:
                 acks.deleted.update(op[2:])
             elif kind == "ack-settings":
                 acks.settings[op[1]] = op[2]
+        # A claim since the verdict's line (in the same group or later), and its result,
+        # durable or not, answered or not, may have moved the item on.
+        acks.moved_after = {
+            item_id
+            for item_id, line in verdict_line.items()
+            if any(n > line for n in claims.get(item_id, []))
+        }
         return acks
 
     def final(self) -> set[str]:
@@ -481,6 +502,7 @@ def test_no_power_cut_loses_an_acknowledged_post_or_undoes_a_verdict_or_a_delete
 ) -> None:
     settings.TASKHOSTER = {**settings.TASKHOSTER, "FSYNC": True, "FLUSH": flush}
     engine.upsert_queue(name="dead", body={})
+    engine.upsert_queue(name="s", body={"backoffSeconds": 0})
     engine.upsert_queue(
         name="q", body={"deadLetterQueue": "dead", "backoffSeconds": 0, "maxAttempts": 5}
     )

@@ -501,3 +501,26 @@ def test_crash_table_row_6_a_torn_line_ends_the_record_and_repair_cuts_the_file_
     assert Item.objects.get(id=item).status == "pending"
     assert read_file(state_root, "main", "pending", item)["rev"] == 1
     assert_index_matches_directories(state_root)
+
+
+@pytest.mark.django_db
+def test_crash_table_row_7_an_indexed_item_whose_file_has_no_whole_first_line_loses_its_row(
+    state_root: Path,
+):
+    # The database kept a group's rows, the disk lost the data of its new files (a post never
+    # acknowledged): the file is quarantined and the row goes with it, so the index equals the
+    # files and a retried post with the same key makes a new item, not one with no payload.
+    engine.upsert_queue(name="main", body={})
+    good = post(payload="a")
+    lost = post(payload="b", key="k")
+    file_of(state_root, lost).write_bytes(b"")
+
+    report = engine.repair(grace_seconds=0)
+
+    assert len(report.unreadable_files) == 1
+    assert report.rows_removed == 1
+    assert set(Item.objects.values_list("id", flat=True)) == {good}
+    assert_index_matches_directories(state_root)
+    again = engine.post_items(queue_name="main", items=[engine.NewItem(payload="b", key="k")])[0]
+    assert again.created
+    assert read_file(state_root, "main", "pending", again.row.id)["payload"] == "b"

@@ -419,3 +419,29 @@ def test_any_accepted_name_and_id_resolve_to_a_file_directly_inside_its_state_di
     assert path.parent == store.root / queue / state.value
     assert os.path.commonpath([path, store.root]) == str(store.root)
     assert path.name == f"{item_id}.json"
+
+
+def test_the_filesystem_type_is_that_of_the_deepest_mount_holding_the_path(tmp_path: Path) -> None:
+    from taskhoster.store import filesystem_type
+
+    assert filesystem_type(Path("/proc/self")) == "proc"
+    if Path("/dev/shm").is_dir():
+        assert filesystem_type(Path("/dev/shm/not/made/yet")) == "tmpfs"
+    assert filesystem_type(tmp_path / "missing") == filesystem_type(tmp_path)
+
+
+def test_a_file_written_then_renamed_in_one_group_is_flushed_under_its_new_name(
+    store: StateStore,
+) -> None:
+    """A post its claim joined, a failure claimed again: the data must be flushed where the
+    file is now (an fsync of its old name finds nothing, and the data would not be durable)."""
+    store.flush_mode = "fsync"
+    store.ensure_queue("q")
+    batch = store.batch()
+    batch.create("q", "a1", encode_line(record("a1")))
+    assert batch.take("q", "a1", State.PENDING, State.PROCESSING)
+    calls(store).calls.clear()
+    batch.flush()
+    flushed = [path for kind, path in calls(store).calls if kind == "fsync"]
+    assert str(store.item_path("q", State.PROCESSING, "a1")) in flushed
+    assert str(store.item_path("q", State.PENDING, "a1")) not in flushed
