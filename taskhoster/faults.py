@@ -2,7 +2,13 @@
 
 ``crash_point("claim.after_rename")`` kills this process with SIGKILL when the environment
 variable ``TASKHOSTER_CRASH_AT`` names that point, so tests can prove recovery from a crash
-between two writes.
+between two writes. ``name@K`` kills at the K-th visit of the point instead of the first (the
+earlier visits go on as usual: a test's acknowledged work before the crash, in the same
+process). ``TASKHOSTER_CRASH_MIN_OPS`` counts only the visits of a group's points in a group
+of at least that many operations. Before the kill the point says on stderr (the server's log)
+which point, which visit and, for a group's points, the size of the group, so a test can check
+where it crashed; ``TASKHOSTER_CRASH_DELAY`` (seconds) waits there first, so that anything the
+process sent too early (an answer before its flush) reaches its client and the test sees it.
 
 ``fault("socket.result")`` is true when ``TASKHOSTER_FAULT`` names that fault: a
 comma-separated list of names, each optionally ``=N`` to fire only the first N times in this
@@ -15,6 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 CRASH_POINTS = (
     "group.after_files",
@@ -27,6 +34,14 @@ CRASH_POINTS = (
     "result.after_done_file",
     "result.after_commit",
     "requeue.after_pending_file",
+    # store.FileBatch: an item file's line appended, the file not yet renamed into its new
+    # state's directory (every transition that writes a line: a verdict, a re-queue, ...).
+    "file.after_append",
+    # store.StateStore.barrier with FLUSH = "fsync": every written file fsynced, no directory
+    # yet; and each touched directory fsynced, the next one not yet (its first visit: after the
+    # first directory, before the second).
+    "barrier.after_files",
+    "barrier.after_directory",
 )
 
 
@@ -36,19 +51,36 @@ class InjectedFault(RuntimeError):
 
 # Read once: a process is started with its faults armed (reading the environment on every
 # call would cost more than the rest of a crash point).
-_CRASH_AT = os.environ.get("TASKHOSTER_CRASH_AT")
+_CRASH_AT, _, _CRASH_VISIT = (os.environ.get("TASKHOSTER_CRASH_AT") or "").partition("@")
+_CRASH_AT_VISIT = int(_CRASH_VISIT or 1)
 # With this set, a crash point of a group fires only in a group of at least this many.
 _CRASH_MIN_OPS = int(os.environ.get("TASKHOSTER_CRASH_MIN_OPS") or 0)
+_CRASH_DELAY = float(os.environ.get("TASKHOSTER_CRASH_DELAY") or 0)
 _FAULTS = os.environ.get("TASKHOSTER_FAULT")
+_crash_visits = 0
 
 
 def crash_point(name: str, *, group_size: int | None = None) -> None:
     if name == _CRASH_AT and (group_size is None or group_size >= _CRASH_MIN_OPS):
-        # In a committer process, its server dies with it: the two are one server.
-        server = os.environ.get("TASKHOSTER_COMMITTER_CHILD")
-        if server:
-            os.kill(int(server), signal.SIGKILL)
-        os.kill(os.getpid(), signal.SIGKILL)
+        _crash(name, group_size)
+
+
+def _crash(name: str, group_size: int | None) -> None:
+    global _crash_visits
+    with _lock:
+        _crash_visits += 1
+        visit = _crash_visits
+    if visit != _CRASH_AT_VISIT:
+        return
+    where = f"visit {visit}" + (f", group of {group_size}" if group_size is not None else "")
+    os.write(2, f"taskhoster: crash point {name} reached ({where})\n".encode())
+    if _CRASH_DELAY:
+        time.sleep(_CRASH_DELAY)
+    # In a committer process, its server dies with it: the two are one server.
+    server = os.environ.get("TASKHOSTER_COMMITTER_CHILD")
+    if server:
+        os.kill(int(server), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 _fired: dict[str, int] = {}

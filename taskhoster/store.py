@@ -35,6 +35,7 @@ from typing import Any
 
 from . import patterns
 from .errors import StoreError
+from .faults import crash_point
 from .ids import ID_PATTERN
 from .status import State
 
@@ -551,9 +552,11 @@ class StateStore:
             for path in sorted(written):
                 with contextlib.suppress(FileNotFoundError):
                     self.sys.fsync(path)
+            crash_point("barrier.after_files")
             for directory in sorted(directories):
                 with contextlib.suppress(FileNotFoundError):
                     self.sys.fsync(directory)
+                crash_point("barrier.after_directory")
         except OSError as exc:
             raise StoreError(f"could not flush item files: {exc}") from exc
 
@@ -626,6 +629,7 @@ class FileBatch:
         if patch is not None:
             size = self.store.sys.append(path, encode_line(patch))
             self.undo.append(("truncate", path, size))
+            crash_point("file.after_append")
         if target != path:
             self.store.sys.rename(path, target)
             self.undo.append(("rename", target, path))

@@ -6,10 +6,17 @@ reaches it, recovers with ``manage.py sweep --repair --grace 0`` (or a plain swe
 normal server and proves: nothing acknowledged is lost, nothing is finished twice, the index
 matches the state directories, nothing stays processing past its lease plus one sweep, and the
 item can then be claimed and finished normally.
+
+A point armed as ``name@K`` fires at its K-th visit, so the same server first answers work
+that must then survive the crash; each point says in the server's log where it fired (and,
+in a group, the group's size), and the tests check that it fired where they meant. A SIGKILL
+keeps the page cache, so these tests prove the order of the writes and what repair makes of
+them; what a power cut keeps is test_power_cut.py's.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -24,10 +31,12 @@ import pytest
 
 from taskhoster import engine
 from taskhoster.engine.common import store
+from taskhoster.faults import CRASH_POINTS
 from taskhoster.models import Item
 from taskhoster.status import State, Status
 from taskhoster.timeutil import now as utcnow
 
+from ..conftest import REPO
 from .consistency import (
     assert_index_matches_directories,
     assert_threads_consistent,
@@ -104,6 +113,38 @@ def assert_all_finished_once(http: httpx.Client, ids: list[str]) -> None:
         assert item["result"] == {"done": item["payload"]}, item
 
 
+def assert_kept(state_root: Path, item_id: str, **fields: Any) -> None:
+    """The item has its row and exactly one file, in the directory of the row's status, and
+    the file holds ``fields`` (its payload, its key, its result ...)."""
+    row = Item.objects.get(id=item_id)
+    state = Status(row.status).state.value
+    assert files_on_disk(state_root)[item_id] == [("q", state)], item_id
+    record = read_file(state_root, "q", state, item_id)
+    assert {name: record.get(name) for name in fields} == fields, record
+
+
+def crash_line(server: Any, point: str) -> str:
+    """The line the crash point wrote into the server's log before the kill."""
+    found = [
+        line
+        for line in server.log.read_text(errors="replace").splitlines()
+        if f"crash point {point} reached" in line
+    ]
+    assert len(found) == 1, f"the server did not crash at {point} once: {found}"
+    return found[0]
+
+
+def test_every_crash_point_is_in_the_code_and_armed_here():
+    """Each name of ``faults.CRASH_POINTS`` is a ``crash_point`` call in the code and is armed
+    by a test of this module (a point nobody arms proves nothing; a name the code lost would
+    make its test arm nothing)."""
+    code = "".join(p.read_text() for p in (REPO / "taskhoster").rglob("*.py"))
+    here = Path(__file__).read_text()
+    for point in CRASH_POINTS:
+        assert f'crash_point("{point}"' in code, point
+        assert f'"{point}"' in here or f'"{point}@' in here, point
+
+
 # -- post ---------------------------------------------------------------------------------
 
 
@@ -146,23 +187,38 @@ def test_post_killed_after_files_loses_nothing_and_repair_indexes_the_durable_fi
 def test_batch_post_killed_after_files_is_recovered_all_or_nothing(
     server_factory, manage, connect, state_root: Path
 ):
+    """A batch is one operation: ``post.after_files`` is reached once, after the last of its
+    files is written and before any row, so the crash leaves every file of the batch in
+    pending/ and no row of it. The post was never answered, and repair indexes what the
+    files hold (the crash table's first row): here the whole batch comes back, each item
+    once, with its payload and thread. Nothing comes back is wrong here, and so is a part."""
     before = seed("q", {"payload": "old", "threadId": "t"})
     batch = [{"payload": n, "threadId": f"t{n % 3}" if n % 2 else None} for n in range(12)]
     server = server_factory(TASKHOSTER_CRASH_AT="post.after_files")
     crash_during(server, lambda: connect(server).post("/api/queues/q/items", json={"items": batch}))
-    manage(*REPAIR)
+    left = {i: where for i, where in files_on_disk(state_root).items() if i not in before}
+    assert sorted(left.values()) == [[("q", "pending")]] * len(batch), left
+    assert not Item.objects.filter(id__in=list(left)).exists(), "rows before the commit"
+    by_payload = {read_file(state_root, "q", "pending", i)["payload"]: i for i in left}
+    assert sorted(by_payload) == list(range(len(batch)))
+
+    out = manage(*REPAIR).stdout
+    assert f"{len(batch)} row(s) added, 0 corrected, 0 removed" in out, out
     assert_index_matches_directories(state_root)
     assert_threads_consistent()
     recovered = Item.objects.exclude(id__in=before)
-    assert recovered.count() in (0, len(batch)), "a batch is all or none, also across a crash"
+    assert sorted(recovered.values_list("id", flat=True)) == sorted(left)
+    for n, spec in enumerate(batch):
+        row = Item.objects.get(id=by_payload[n])
+        assert (row.status, row.thread_id, row.key) == ("pending", spec["threadId"], None), n
     assert status_of(*before) == dict.fromkeys(before, "pending")
 
     http = connect(server_factory())
+    for n, item_id in by_payload.items():
+        assert http.get(f"/api/items/{item_id}").json()["payload"] == n
     finished = finish_everything(http, "q")
-    assert set(before) <= set(finished)
-    assert sorted(str(p) for p in finished.values()) == sorted(
-        ["old"] + ([str(n) for n in range(12)] if recovered.count() else [])
-    )
+    assert finished == {before[0]: "old", **{i: n for n, i in by_payload.items()}}
+    assert_all_finished_once(http, list(finished))
     assert_index_matches_directories(state_root)
 
 
@@ -411,46 +467,256 @@ def test_claim_killed_after_rename_does_not_use_up_an_attempt(
     assert_index_matches_directories(state_root)
 
 
+# -- between an append and its rename; inside the barrier ---------------------------------
+#
+# A SIGKILL keeps the page cache: every write, rename and fsync'd or unflushed byte made before
+# the kill is still there after it. So these tests prove the order of the steps and what repair
+# does with what they leave, not that anything reached the disk; tests/integration/
+# test_power_cut.py holds the flushes to a power cut.
+
+
+def test_result_killed_between_append_and_rename_is_finished_by_repair(
+    server_factory, manage, connect, state_root: Path
+):
+    """``file.after_append``: the verdict's line is in the item's file, the file is still in
+    processing/, and no row has changed (the crash table's second row). Nothing was answered;
+    repair moves the file where its last line says, so the item is finished with that result
+    and the thread moves on. The same server's earlier work, answered, is all kept: a claim
+    (no line: it only renames), a post (it creates), and a result, the first append of its
+    life (the crash is armed for the second: ``@2``). SIGKILL keeps the page cache: this
+    proves the order and the repair, not a flush."""
+    x, y, z = seed(
+        "q",
+        {"payload": "x", "threadId": "t"},
+        {"payload": "y", "threadId": "t"},
+        {"payload": "z"},
+        leaseSeconds=600,
+    )
+    server = server_factory(TASKHOSTER_CRASH_AT="file.after_append@2")
+    http = connect(server)
+    claimed = http.post("/api/queues/q/claim", json={"max": 5}).json()["items"]
+    assert sorted(c["id"] for c in claimed) == sorted([x, z]), "y waits behind its thread head"
+    posted = http.post("/api/queues/q/items", json={"payload": "p", "key": "kp"})
+    assert posted.status_code == 201
+    p = posted.json()["id"]
+    done = http.post(f"/api/items/{z}/result", json={"result": "z done"}).json()
+    assert done == {"accepted": True, "status": "finished"}
+    crash_during(server, lambda: http.post(f"/api/items/{x}/result", json={"result": "first"}))
+    assert crash_line(server, "file.after_append").endswith("(visit 2)")
+    assert files_on_disk(state_root)[x] == [("q", "processing")], "the rename came first"
+    line = read_file(state_root, "q", "processing", x)
+    assert (line["status"], line["result"], line["rev"]) == ("finished", "first", 2)
+    assert status_of(x)[x] == "processing"
+
+    out = manage(*REPAIR).stdout
+    assert "1 file(s) moved to the state their last line names" in out, out
+    assert_index_matches_directories(state_root)
+    assert_threads_consistent()
+    assert status_of(x, y, z, p) == {x: "finished", y: "pending", z: "finished", p: "pending"}
+    assert_kept(state_root, x, status="finished", result="first")
+    assert_kept(state_root, z, status="finished", result="z done")
+    assert_kept(state_root, p, payload="p", key="kp")
+
+    http = connect(server_factory())
+    for item_id, result in ((x, "first"), (z, "z done")):
+        late = http.post(f"/api/items/{item_id}/result", json={"result": "second"}).json()
+        assert late == {"accepted": False, "status": "finished"}
+        item = http.get(f"/api/items/{item_id}").json()
+        assert (item["result"], item["attempts"]) == (result, 1)
+    again = http.post("/api/queues/q/items", json={"payload": "p", "key": "kp"})
+    assert (again.status_code, again.json()["id"]) == (200, p)
+    assert finish_everything(http, "q") == {y: "y", p: "p"}, "the thread moved past x"
+    assert_index_matches_directories(state_root)
+    assert_threads_consistent()
+
+
+def test_sweep_killed_between_append_and_rename_inside_its_group_is_completed(
+    server_factory, manage, connect, state_root: Path
+):
+    """One sweep chunk is one group re-queueing every lapsed lease. Killed at its second
+    append (``file.after_append@2``): the first item's file is in pending/ with its re-queue
+    line, the second's line is written but the file is still in processing/, the others are
+    untouched, and no row changed. Repair (here without the sweep ``sweep --repair`` runs
+    after it) indexes each as its file says: the first pending, the second still processing,
+    its lease lapsed, at its file's ``rev``; the next sweep re-queues the rest. No attempt
+    is counted twice, and what the server answered before is kept. SIGKILL keeps the page
+    cache: this proves the order and the repair, not a flush."""
+    ids = seed("q", *({"payload": n} for n in range(5)), leaseSeconds=0.5)
+    http = connect(server_factory())
+    claimed = http.post("/api/queues/q/claim", json={"max": 5}).json()["items"]
+    assert sorted(c["id"] for c in claimed) == sorted(ids)
+    done = http.post(f"/api/items/{ids[0]}/result", json={"result": "kept"}).json()
+    assert done == {"accepted": True, "status": "finished"}
+    posted = http.post("/api/queues/q/items", json={"payload": "p", "key": "kp"})
+    assert posted.status_code == 201
+    p = posted.json()["id"]
+    lapsed = ids[1:]
+    leases = Item.objects.filter(id__in=lapsed).values_list("lease_expires_at", flat=True)
+    lapse = max(at for at in leases if at is not None)
+    deadline = time.monotonic() + 30
+    while utcnow() <= lapse:
+        assert time.monotonic() < deadline, "the leases never lapsed"
+        time.sleep(0.05)
+
+    crashed = manage("sweep", check=False, TASKHOSTER_CRASH_AT="file.after_append@2")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert "crash point file.after_append reached (visit 2)" in crashed.stderr
+    on_disk = {i: files_on_disk(state_root)[i] for i in lapsed}
+    revs = {
+        i: read_file(state_root, *on_disk[i][0], i)["rev"] for i in lapsed if len(on_disk[i]) == 1
+    }
+    moved = [i for i in lapsed if on_disk[i] == [("q", "pending")]]
+    caught = [i for i in lapsed if on_disk[i] == [("q", "processing")] and revs[i] == 2]
+    untouched = [i for i in lapsed if on_disk[i] == [("q", "processing")] and revs[i] == 1]
+    assert (len(moved), len(caught), len(untouched)) == (1, 1, 2), (on_disk, revs)
+    assert revs[moved[0]] == 2
+    assert status_of(*lapsed) == dict.fromkeys(lapsed, "processing"), "nothing committed"
+
+    engine.repair(grace_seconds=0)
+    assert_index_matches_directories(state_root)
+    assert_threads_consistent()
+    assert status_of(*lapsed) == {
+        **dict.fromkeys(untouched, "processing"),
+        moved[0]: "pending",
+        caught[0]: "processing",
+    }
+    assert Item.objects.get(id=caught[0]).rev == 2
+    assert "3 lapsed lease(s) re-queued" in manage("sweep").stdout
+    assert status_of(*lapsed) == dict.fromkeys(lapsed, "pending")
+    assert [Item.objects.get(id=i).attempts for i in lapsed] == [1] * len(lapsed)
+    assert_index_matches_directories(state_root)
+    assert_threads_consistent()
+    assert_kept(state_root, ids[0], status="finished", result="kept")
+    assert_kept(state_root, p, payload="p", key="kp")
+
+    http = connect(server_factory())
+    again = http.post("/api/queues/q/items", json={"payload": "p", "key": "kp"})
+    assert (again.status_code, again.json()["id"]) == (200, p)
+    assert finish_everything(http, "q") == {**{i: ids.index(i) for i in lapsed}, p: "p"}
+    assert [http.get(f"/api/items/{i}").json()["attempts"] for i in lapsed] == [2] * len(lapsed)
+    assert http.get(f"/api/items/{ids[0]}").json()["result"] == "kept"
+    assert_index_matches_directories(state_root)
+
+
+# The barrier fsyncs each written file, then each touched directory, with FLUSH = "fsync"
+# (syncfs is one call: nothing to stop between). Servers read it from their settings.
+FSYNC_SERVER = {
+    "DJANGO_SETTINGS_MODULE": "tests.integration.limits_settings",
+    "TASKHOSTER_TEST_LIMITS": json.dumps({"FLUSH": "fsync"}),
+}
+
+
+@pytest.mark.parametrize(
+    ("point", "visit"),
+    [
+        # one visit per barrier: the claim's, the post's, the first result's, then ours
+        ("barrier.after_files", 4),
+        # one visit per directory flushed: the claim's pending/ and processing/, the post's
+        # pending/, the first result's done/ and processing/, then our done/ (not processing/)
+        ("barrier.after_directory", 6),
+    ],
+)
+def test_sigkill_inside_the_barrier_answers_nothing_and_loses_nothing_acknowledged(
+    server_factory, manage, connect, state_root: Path, point: str, visit: int
+):
+    """Killed inside a result's barrier, after its commit: between the fsync of its file and
+    those of its directories, or between its two directories. The result was not answered
+    (the kill waits ``TASKHOSTER_CRASH_DELAY`` first, so an answer sent before the flush
+    would reach the client and fail the test); what the same server answered before (a
+    claim, a post, a result, each flushed by a barrier of its own) is all kept, the claim's
+    lease still holds, and the committed result stands without repair having to change a
+    row. SIGKILL keeps the page cache: this proves the order and the repair, not the
+    fsyncs (test_power_cut.py does)."""
+    x, y, z, w = seed(
+        "q",
+        {"payload": "x", "threadId": "t"},
+        {"payload": "y", "threadId": "t"},
+        {"payload": "z"},
+        {"payload": "w"},
+        leaseSeconds=600,
+    )
+    server = server_factory(
+        TASKHOSTER_CRASH_AT=f"{point}@{visit}", TASKHOSTER_CRASH_DELAY="3", **FSYNC_SERVER
+    )
+    http = connect(server)
+    claimed = {
+        c["id"]: c for c in http.post("/api/queues/q/claim", json={"max": 5}).json()["items"]
+    }
+    assert sorted(claimed) == sorted([x, z, w]), "y waits behind its thread head"
+    posted = http.post("/api/queues/q/items", json={"payload": "p", "key": "kp"})
+    assert posted.status_code == 201
+    p = posted.json()["id"]
+    done = http.post(f"/api/items/{z}/result", json={"result": "z done"}).json()
+    assert done == {"accepted": True, "status": "finished"}
+    crash_during(server, lambda: http.post(f"/api/items/{x}/result", json={"result": "first"}))
+    assert crash_line(server, point).endswith(f"(visit {visit})")
+    assert status_of(x)[x] == "finished", "the crash came after the commit"
+
+    out = manage(*REPAIR).stdout
+    assert "0 row(s) added, 0 corrected, 0 removed" in out, out
+    assert "file(s) moved" not in out, out
+    assert_index_matches_directories(state_root)
+    assert_threads_consistent()
+    assert status_of(x, y, z, w, p) == {
+        x: "finished",
+        y: "pending",
+        z: "finished",
+        w: "processing",
+        p: "pending",
+    }
+    assert_kept(state_root, x, status="finished", result="first")
+    assert_kept(state_root, z, status="finished", result="z done")
+    assert_kept(state_root, p, payload="p", key="kp")
+
+    http = connect(server_factory())
+    for item_id, result in ((x, "first"), (z, "z done")):
+        late = http.post(f"/api/items/{item_id}/result", json={"result": "second"}).json()
+        assert late == {"accepted": False, "status": "finished"}
+        assert http.get(f"/api/items/{item_id}").json()["result"] == result
+    again = http.post("/api/queues/q/items", json={"payload": "p", "key": "kp"})
+    assert (again.status_code, again.json()["id"]) == (200, p)
+    # the claim answered before the crash still holds its item: its lease is the lease
+    gave_up = http.post(
+        f"/api/items/{w}/fail", json={"lease": claimed[w]["lease"], "retry": False, "error": "e"}
+    ).json()
+    assert gave_up == {"accepted": True, "status": "failed"}
+    assert finish_everything(http, "q") == {y: "y", p: "p"}
+    assert_index_matches_directories(state_root)
+    assert_threads_consistent()
+
+
 # -- a crash in the middle of a crowded group ----------------------------------------------
 
+CROWD = 8  # operations in each wave, and the group the armed server's committer waits for
 
-def _crowd(server: Any, key: str, held: list[dict[str, Any]]) -> dict[str, Any]:
-    """Many requests at once, so that they share groups: posts with keys (some threaded),
-    results and failures for held items, claims. Returns what was answered."""
+
+def _send_all(server: Any, key: str, requests: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    """Send every request at once, one thread each; the answers in order, None for a request
+    the server never answered (it died)."""
     headers = {"Authorization": f"Token {key}"}
-    acked: dict[str, Any] = {"posts": {}, "results": {}, "failed": set()}
 
-    def send(n: int) -> None:
-        with httpx.Client(base_url=server.url, headers=headers, timeout=15) as http:
+    def send(request: tuple[str, dict[str, Any]]) -> Any:
+        path, body = request
+        with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:
             try:
-                if n < 10:
-                    body = {"payload": f"p{n}", "key": f"k{n}", "threadId": f"t{n % 3}"}
-                    answer = http.post("/api/queues/q/items", json=body)
-                    if answer.status_code == 201:
-                        acked["posts"][answer.json()["id"]] = f"p{n}"
-                elif n < 10 + len(held):
-                    item = held[n - 10]
-                    if n % 4:
-                        answer = http.post(
-                            f"/api/items/{item['id']}/result", json={"result": {"r": n}}
-                        )
-                        if answer.status_code == 200 and answer.json()["accepted"]:
-                            acked["results"][item["id"]] = {"r": n}
-                    else:
-                        answer = http.post(
-                            f"/api/items/{item['id']}/fail",
-                            json={"lease": item["lease"], "retry": False, "error": "no"},
-                        )
-                        if answer.status_code == 200 and answer.json()["accepted"]:
-                            acked["failed"].add(item["id"])
-                else:
-                    http.post("/api/queues/q/claim", json={"max": 2})
+                return http.post(path, json=body)
             except httpx.TransportError:
-                pass  # the server died: not acknowledged
+                return None
 
-    with ThreadPoolExecutor(max_workers=24) as pool:
-        list(pool.map(send, range(10 + len(held) + 4)))
-    return acked
+    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+        return list(pool.map(send, requests))
+
+
+def _post(n: int) -> tuple[str, dict[str, Any]]:
+    return "/api/queues/q/items", {"payload": f"p{n}", "key": f"k{n}", "threadId": f"t{n % 3}"}
+
+
+def _result(item: dict[str, Any], result: Any) -> tuple[str, dict[str, Any]]:
+    return f"/api/items/{item['id']}/result", {"result": result}
+
+
+def _fail(item: dict[str, Any], *, retry: bool) -> tuple[str, dict[str, Any]]:
+    return f"/api/items/{item['id']}/fail", {"lease": item["lease"], "retry": retry, "error": "no"}
 
 
 @pytest.mark.parametrize(
@@ -462,7 +728,15 @@ def test_sigkill_inside_a_crowded_group_loses_nothing_acknowledged(
     """Files written but no rows; rows written but not committed; committed but unanswered:
     whatever a SIGKILL in a group of many leaves, repair resolves it without losing an
     acknowledged post or verdict, without a second verdict, and without two members of a
-    thread at work."""
+    thread at work.
+
+    The armed server's committer waits for a crowd of ``CROWD`` operations before each group
+    (``TASKHOSTER_FAULT_GATHER``), and the crash point counts only groups that large
+    (``TASKHOSTER_CRASH_MIN_OPS``) and fires in the second (``@2``). The first wave, one
+    group of ``CROWD``, is answered in full; the second, another, is where the server dies,
+    as its log says, and none of it is answered. Then what the files of the second wave say
+    holds too: a verdict line, a post's file, a re-queue are recovered as they were written,
+    and a claim that never committed is undone."""
     seed(
         "q",
         *({"payload": f"s{n}", "threadId": f"t{n % 3}" if n % 2 else None} for n in range(12)),
@@ -472,45 +746,90 @@ def test_sigkill_inside_a_crowded_group_loses_nothing_acknowledged(
     normal = server_factory()
     http = connect(normal)
     held = http.post("/api/queues/q/claim", json={"max": 12}).json()["items"]
-    assert len(held) >= 6
+    # six unthreaded items and the heads of threads t0, t1, t2; their other members wait
+    assert len(held) == 9, held
     normal.stop()
 
-    # The committer waits for a crowd of 8 before its first group (the crowd is 20 or more
-    # requests at once), so the crash point always meets a group of 4 or more.
     server = server_factory(
-        TASKHOSTER_CRASH_AT=point, TASKHOSTER_CRASH_MIN_OPS="4", TASKHOSTER_FAULT_GATHER="8"
+        TASKHOSTER_CRASH_AT=f"{point}@2",
+        TASKHOSTER_CRASH_MIN_OPS=str(CROWD),
+        TASKHOSTER_FAULT_GATHER=str(CROWD),
+        # posts wait for the crowd in the committer: not a backlog to refuse them for
+        TASKHOSTER_ADMISSION_WAIT_SECONDS="600",
     )
     key = make_key()
-    acked = _crowd(server, key, held)
-    assert server.proc.wait(20) == -signal.SIGKILL, "the server did not die inside a group"
+    first = [*(_post(n) for n in range(4)), *(_result(held[i], {"r": i}) for i in range(3))]
+    first.append(_fail(held[3], retry=False))
+    assert len(first) == CROWD
+    answers = _send_all(server, key, first)
+    assert [a.status_code if a is not None else None for a in answers] == [201] * 4 + [200] * 4, [
+        a.text if a is not None else None for a in answers
+    ]
+    posts = {answers[n].json()["id"]: f"p{n}" for n in range(4)}
+    assert len(posts) == 4
+    for answer in answers[4:]:
+        assert answer.json()["accepted"] is True, answer.json()
+    results = {held[i]["id"]: {"r": i} for i in range(3)}
+    failed = held[3]["id"]
+
+    second = [
+        _post(4),
+        _post(5),
+        _post(0),  # a retry of an acknowledged post: must find it, not make a second item
+        _result(held[4], {"r": 4}),
+        _result(held[5], {"r": 5}),
+        _fail(held[6], retry=True),
+        _result(held[0], "second"),  # finished in the first wave: refused
+        ("/api/queues/q/claim", {"max": 2}),
+    ]
+    assert len(second) == CROWD
+    answers = _send_all(server, key, second)
+    assert server.proc.wait(30) == -signal.SIGKILL, "the server did not die inside a group"
+    assert answers == [None] * CROWD, "an answer went out before its group was durable"
+    assert crash_line(server, point).endswith(f"(visit 2, group of {CROWD})")
 
     manage(*REPAIR)
     assert_index_matches_directories(state_root)
     assert_threads_consistent()
-    for item_id, payload in acked["posts"].items():
-        assert Item.objects.get(id=item_id).key is not None, payload
-    for item_id in acked["results"]:
+    # acknowledged in the first wave
+    for item_id, payload in posts.items():
+        n = int(payload[1:])
+        assert_kept(state_root, item_id, payload=payload, key=f"k{n}", threadId=f"t{n % 3}")
+    for item_id, result in results.items():
         assert Item.objects.get(id=item_id).status == Status.FINISHED
-    for item_id in acked["failed"]:
-        assert Item.objects.get(id=item_id).status == Status.FAILED
+        assert_kept(state_root, item_id, status="finished", result=result)
+    assert Item.objects.get(id=failed).status == Status.FAILED
+    assert_kept(state_root, failed, status="failed", error="no")
+    # never answered, recovered as the files say (they were all written)
+    for n in (4, 5):
+        (made,) = Item.objects.filter(key=f"k{n}").values_list("id", flat=True)
+        assert_kept(state_root, made, payload=f"p{n}", key=f"k{n}", threadId=f"t{n % 3}")
+    assert Item.objects.filter(key="k0").count() == 1
+    for i in (4, 5):
+        assert_kept(state_root, held[i]["id"], status="finished", result={"r": i})
+    assert Item.objects.get(id=held[6]["id"]).status == Status.PENDING
+    # held[7] and held[8] are still held; the claim's two items only if it committed
+    claimed_too = 2 if point == "group.after_commit" else 0
+    assert Item.objects.filter(status=Status.PROCESSING).count() == 2 + claimed_too
 
     http = connect(server_factory())
-    for item_id, result in acked["results"].items():
+    for item_id, payload in posts.items():
+        assert http.get(f"/api/items/{item_id}").json()["payload"] == payload
+    for item_id, result in {**results, held[4]["id"]: {"r": 4}, held[5]["id"]: {"r": 5}}.items():
         assert http.get(f"/api/items/{item_id}").json()["result"] == result
-        late = http.post(f"/api/items/{item_id}/result", json={"result": "second"}).json()
+        late = http.post(f"/api/items/{item_id}/result", json={"result": "late"}).json()
         assert late == {"accepted": False, "status": "finished"}, "a second verdict"
-    manage("sweep", TASKHOSTER_CRASH_AT="")  # lapsed leases of the dead server come back
-    for n in range(10):
-        again = http.post(
-            "/api/queues/q/items",
-            json={"payload": f"p{n}", "key": f"k{n}", "threadId": f"t{n % 3}"},
-        )
-        assert again.status_code in (200, 201)
-        if again.json()["id"] in acked["posts"]:
-            assert again.status_code == 200, "a retried post made a second item"
+    recovered = {Item.objects.get(key=f"k{n}").id: f"p{n}" for n in range(6)}
+    assert set(posts) < set(recovered)
+    for n in range(6):
+        path, body = _post(n)
+        again = http.post(path, json=body)
+        assert again.status_code == 200, "a retried post made a second item"
+        assert recovered[again.json()["id"]] == f"p{n}"
     # Whatever was held by the dead server lapses (600 s): take it back as the sweep would.
     engine.sweep(at=utcnow() + timedelta(seconds=601))
-    finish_everything(http, "q")
+    finished = finish_everything(http, "q")
+    assert set(recovered) <= set(finished)
     counts = http.get("/api/queues/q").json()["counts"]
     assert counts["pending"] == counts["processing"] == 0, counts
     assert_index_matches_directories(state_root)

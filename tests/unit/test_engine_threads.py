@@ -3,14 +3,20 @@ thread at once when its processing member leaves."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 import pytest
 from django.db import connection, transaction
 
 from taskhoster import engine
+from taskhoster.db.sqlite import base as sqlite_backend
 from taskhoster.engine import NewItem
+from taskhoster.engine.group import Group
 from taskhoster.models import Item, Thread
 
 from .lifecycle_helpers import (
@@ -199,11 +205,68 @@ def test_new_member_with_earlier_scheduled_at_displaces_an_unclaimed_head(make_q
     assert claimed_ids(max_items=10) == [old_head.id]
 
 
+class WatchedWriter:
+    """``taskhoster.db.sqlite``'s writer lock (taken at the start of every write transaction
+    of this process), telling when a group commit has to wait for it."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+        self.group_waits = threading.Event()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self.lock.acquire(blocking=False):
+            return True
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code is Group.run.__code__:  # a group, not (say) a flush of metrics
+                self.group_waits.set()
+                break
+            frame = frame.f_back
+        return bool(self.lock.acquire(blocking, timeout))
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+def held_up_by_this_transaction(monkeypatch: pytest.MonkeyPatch) -> Callable[[], bool]:
+    """A test: is a group commit of another thread waiting for the transaction this thread is
+    in, by the database's own account? On PostgreSQL, a session blocked by a lock of ours
+    (``pg_locks`` is read live, also inside a transaction); on SQLite, which takes no row
+    locks, a group waiting for the write lock (``BEGIN IMMEDIATE``) this transaction holds."""
+    if connection.vendor == "postgresql":
+
+        def blocked() -> bool:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted "
+                    "AND pg_backend_pid() = ANY(pg_blocking_pids(pid)))"
+                )
+                return bool(cursor.fetchone()[0])
+
+        return blocked
+    watched = WatchedWriter(sqlite_backend._writer)
+    monkeypatch.setattr(sqlite_backend, "_writer", watched)
+    return watched.group_waits.is_set
+
+
 @pytest.mark.django_db(transaction=True)
-def test_post_racing_the_last_member_leaving_still_joins_a_live_thread(make_queue) -> None:
+def test_post_racing_the_last_member_leaving_still_joins_a_live_thread(
+    make_queue, monkeypatch
+) -> None:
+    """The verdict on a thread's last member deletes the thread's row while the post of a new
+    member waits for it: the post must make the row again, not write to the one it saw.
+
+    The order is the database's, not a sleep's: the test holds the thread row (as a verdict
+    does) and lets the verdict run only once the post's group is held up by this transaction
+    (``held_up_by_this_transaction``): on PostgreSQL at the thread row's lock, on SQLite at
+    the write lock this transaction took at its BEGIN. So on both the post's group is under way
+    when the last member leaves, and on PostgreSQL it has met the row the verdict deletes."""
     make_queue("q")
     a = post(thread_id="t")
     claim_one()
+    before = thread_row("q", "t")
+    assert before is not None
+    held_up = held_up_by_this_transaction(monkeypatch)
     posted: dict[str, str] = {}
     errors: list[BaseException] = []
 
@@ -215,18 +278,25 @@ def test_post_racing_the_last_member_leaving_still_joins_a_live_thread(make_queu
         finally:
             connection.close()
 
+    racer = threading.Thread(target=poster)
     with transaction.atomic():
         # hold the thread row as a verdict on its last member does, while a post arrives
-        Thread.objects.select_for_update().get(queue__name="q", thread_id="t")
-        racer = threading.Thread(target=poster)
+        Thread.objects.select_for_update(of=("self",)).get(queue__name="q", thread_id="t")
         racer.start()
-        time.sleep(0.5)  # the post has seen the thread row and now waits for its lock
+        deadline = time.monotonic() + 60
+        while not held_up():
+            assert not errors, errors
+            assert not posted, "the post did not wait for this transaction"
+            assert time.monotonic() < deadline, "the post never came to wait for this transaction"
+            time.sleep(0.01)
         assert engine.submit_result(item_id=a.id, result=1).accepted is True
-    racer.join(30)
+    racer.join(60)
+    assert not racer.is_alive()
     assert errors == []
     thread = thread_row("q", "t")
-    assert thread is not None
-    assert thread.member_count == 1
+    assert thread is not None, "the post joined a thread whose row the verdict deleted"
+    assert thread.pk != before.pk, "the post wrote to the row the verdict deleted"
+    assert (thread.member_count, thread.head_item) == (1, posted["b"])
     assert claimed_ids() == [posted["b"]]
 
 
