@@ -147,9 +147,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         def wait(n: int) -> None:
             httpx.get(f"{url}/api/items/{ids[n % len(ids)]}?wait=6", headers=good, timeout=60)
 
-        before = {"threads": threads(pid), "fds": fds(pid)}
+        before_counts = {"threads": threads(pid), "fds": fds(pid)}
         peaks = at_once(200, wait, lambda: {"threads": threads(pid), "fds": fds(pid)})
-        out["long_polls_200"] = {"before": before, "peak": peaks}
+        out["long_polls_200"] = {"before": before_counts, "peak": peaks}
         say(json.dumps(out["long_polls_200"]))
 
         idle: dict[str, float] = {}

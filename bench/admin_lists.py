@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -114,7 +115,7 @@ def fill(db: Path, count: int) -> dict[str, str]:
     return sample
 
 
-def insert(con: sqlite3.Connection, rows: list[tuple[object, ...]]) -> None:
+def insert(con: sqlite3.Connection, rows: Sequence[tuple[object, ...]]) -> None:
     con.executemany(
         "INSERT INTO taskhoster_item (id, queue_id, status, eligible, thread_id, key, seq, "
         "scheduled_at, posted_at, attempts, lease, lease_expires_at, finished_at, error, "

@@ -56,7 +56,9 @@ def items_left(env: object, queue_id: int | None = None) -> int:
     import psycopg
 
     with psycopg.connect(url) as db:
-        return int(db.execute("SELECT count(*) FROM taskhoster_item").fetchone()[0])
+        row = db.execute("SELECT count(*) FROM taskhoster_item").fetchone()
+        assert row is not None  # a count(*) always has its one row
+        return int(row[0])
 
 
 def measure_queue_delete(args, env, client, lines) -> None:

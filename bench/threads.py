@@ -160,8 +160,8 @@ def measure(args: argparse.Namespace, label: str, scenario: str, run: int) -> Ro
     with fsync(args.fsync):
         # warm up: a few untimed round trips
         for _ in range(args.warmup):
-            for claimed in engine.claim(queue_name=scenario, max_items=1):
-                engine.submit_result(item_id=claimed.row.id, result=RESULT)
+            for warm in engine.claim(queue_name=scenario, max_items=1):
+                engine.submit_result(item_id=warm.row.id, result=RESULT)
         started = time.perf_counter()
         deadline = started + args.seconds
         count = 0

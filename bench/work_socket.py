@@ -161,7 +161,12 @@ def worker_main(url: str) -> int:
         stop = asyncio.Event()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         loop.add_signal_handler(signal.SIGINT, stop.set)
-        loop.add_reader(sys.stdin.fileno(), lambda: (sys.stdin.read(), stop.set()))
+
+        def on_stdin() -> None:
+            sys.stdin.read()
+            stop.set()
+
+        loop.add_reader(sys.stdin.fileno(), on_stdin)
 
         def ready() -> None:
             print("ready", flush=True)

@@ -364,13 +364,13 @@ class StateStore:
                         self.sys.unlink(entry.path)
                         removed += 1
         # What is left: the (now empty) state directories, queue.json, temporaries.
-        for directory, subdirectories, files in os.walk(path, topdown=False):
+        for where, subdirectories, files in os.walk(path, topdown=False):
             for name in files:
                 with contextlib.suppress(FileNotFoundError):
-                    self.sys.unlink(os.path.join(directory, name))
+                    self.sys.unlink(os.path.join(where, name))
             for name in subdirectories:
                 with contextlib.suppress(OSError):
-                    self.sys.rmdir(os.path.join(directory, name))
+                    self.sys.rmdir(os.path.join(where, name))
         with contextlib.suppress(OSError):
             self.sys.rmdir(str(path))
         return removed

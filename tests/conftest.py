@@ -50,9 +50,14 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
             return
         # This process's pool keeps idle sessions open by design: close it, and look from a
         # connection of our own.
-        connection.close()
-        connection.close_pool()
-        db = connection.settings_dict
+        from django.db import connections
+        from django.db.backends.postgresql.base import DatabaseWrapper
+
+        wrapper = connections["default"]
+        assert isinstance(wrapper, DatabaseWrapper)
+        wrapper.close()
+        wrapper.close_pool()
+        db = wrapper.settings_dict
         with (
             psycopg.connect(
                 dbname=db["NAME"],
@@ -157,7 +162,7 @@ def free_port() -> int:
 
 def database_url() -> str:
     db = settings.DATABASES["default"]
-    if "sqlite" in db["ENGINE"]:
+    if "sqlite" in str(db["ENGINE"]):
         return f"sqlite:///{db['NAME']}"
     user = db.get("USER") or ""
     password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""

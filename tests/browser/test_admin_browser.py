@@ -15,7 +15,7 @@ from django.db import connections
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from taskhoster import engine
-from taskhoster.engine import NewItem
+from taskhoster.engine import ItemRow, NewItem
 from taskhoster.models import Item, Queue, Thread
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -49,7 +49,7 @@ def chromium(monkeypatch: pytest.MonkeyPatch) -> Iterator[Browser]:
             connections.close_all()
 
 
-def post(queue: str, payload: Any, **spec: Any) -> Item:
+def post(queue: str, payload: Any, **spec: Any) -> ItemRow:
     return engine.post_items(queue_name=queue, items=[NewItem(payload=payload, **spec)])[0].row
 
 
@@ -80,7 +80,7 @@ def test_operator_session(
         session(browser, server.url, head=head, second=second, failed=failed)
 
 
-def session(browser: Browser, url: str, *, head: Item, second: Item, failed: Item) -> None:
+def session(browser: Browser, url: str, *, head: ItemRow, second: ItemRow, failed: ItemRow) -> None:
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(15_000)
     # Log in.

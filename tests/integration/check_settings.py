@@ -3,4 +3,6 @@
 
 from project.settings import *  # noqa: F403
 
-DATABASES["default"]["OPTIONS"].pop("transaction_mode", None)  # noqa: F405
+_options = DATABASES["default"]["OPTIONS"]  # noqa: F405
+assert isinstance(_options, dict)
+_options.pop("transaction_mode", None)

@@ -88,6 +88,7 @@ def assert_threads_consistent() -> None:
     ]
     members: dict[tuple[int, str], list[Item]] = defaultdict(list)
     for row in Item.objects.filter(thread_id__isnull=False, status__in=LIVE_STATUSES):
+        assert row.thread_id is not None  # the filter's thread_id__isnull=False
         members[(row.queue_id, row.thread_id)].append(row)
     threads = {(t.queue_id, t.thread_id): t for t in Thread.objects.all()}
     for key, rows in members.items():

@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from taskhoster import engine
 from taskhoster.admin import items as item_admin
-from taskhoster.engine import NewItem
+from taskhoster.engine import ItemRow, NewItem
 from taskhoster.keys import authenticate, hash_key
 from taskhoster.models import ApiKey, Item, Queue, Thread
 
@@ -29,7 +29,7 @@ def staff(db: None) -> Client:
     return client
 
 
-def post(queue: str = "q", payload: Any = None, **spec: Any) -> Item:
+def post(queue: str = "q", payload: Any = None, **spec: Any) -> ItemRow:
     return engine.post_items(queue_name=queue, items=[NewItem(payload=payload, **spec)])[0].row
 
 

@@ -252,7 +252,9 @@ def test_a_key_limited_to_queues_lists_only_its_queues(world, client_with, make_
 def test_keys_are_stored_only_as_a_hash(world, make_key):
     key = make_key("produce", ["q"])
     row = ApiKey.objects.get(key_hash=hashlib.sha256(key.encode()).hexdigest())
-    stored = " ".join(str(v) for v in ApiKey.objects.filter(id=row.id).values().first().values())
+    values = ApiKey.objects.filter(id=row.id).values().first()
+    assert values is not None
+    stored = " ".join(str(v) for v in values.values())
     assert key not in stored
     assert key[10:] not in stored
     assert row.prefix == key[: len(row.prefix)]

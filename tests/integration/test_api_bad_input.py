@@ -177,7 +177,14 @@ def send(
         data = b""
     else:
         data = json.dumps(world.fill(body)).encode()
-    return (client or world.api).generic(method.upper(), path, data, content_type=content_type)
+    # The body is bytes on purpose (malformed and non-UTF-8 bodies among them); generic() takes
+    # bytes (Django's force_bytes), but DRF's stubs type its data as str.
+    return (client or world.api).generic(
+        method.upper(),
+        path,
+        data,  # type: ignore[arg-type]
+        content_type=content_type,
+    )
 
 
 # Every endpoint that reads a JSON body, with a body it would accept.

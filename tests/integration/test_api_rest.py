@@ -163,7 +163,9 @@ def in_background(action: Callable[[], Any], delay: float) -> tuple[threading.Th
 
 def client_like(api: APIClient) -> APIClient:
     other = APIClient()
-    other.credentials(HTTP_AUTHORIZATION=api._credentials["HTTP_AUTHORIZATION"])
+    # APIClient keeps what credentials() set in _credentials, which its stubs leave out.
+    key = api._credentials["HTTP_AUTHORIZATION"]  # type: ignore[attr-defined]
+    other.credentials(HTTP_AUTHORIZATION=key)
     return other
 
 

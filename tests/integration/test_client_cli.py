@@ -179,6 +179,8 @@ def test_output_closed_early_ends_quietly_with_141(server, key, producer, tmp_pa
     reader = subprocess.Popen(
         [str(COMMAND), "items", "q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
     )
+    assert reader.stdout is not None
+    assert reader.stderr is not None
     assert json.loads(reader.stdout.readline())["queue"] == "q"
     reader.stdout.close()
     assert reader.wait(30) == 141

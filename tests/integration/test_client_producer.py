@@ -363,6 +363,8 @@ def test_async_producer_makes_every_call(server, key, http):
             one = await producer.post("q", {"n": 1}, thread_id="t", key="k")
             assert (await producer.post("q", "dup", key="k")).id == one.id
             later = await producer.post("q", 2, delay=30)
+            assert later.scheduled_at is not None
+            assert one.scheduled_at is not None
             assert later.scheduled_at > one.scheduled_at
             batch = await producer.post_many("q", [3, NewItem(4, thread_id="u")])
             assert [i.payload for i in batch] == [3, 4]

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
@@ -154,13 +155,13 @@ class Host:
 def host_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A database of the host project's own: like the suite's (SQLite or PostgreSQL)."""
     db = settings.DATABASES["default"]
-    if "sqlite" in db["ENGINE"]:
+    if "sqlite" in str(db["ENGINE"]):
         yield f"sqlite:///{tmp_path_factory.mktemp('hostdb') / 'host.sqlite3'}"
         return
     import psycopg
 
     name = f"{os.environ.get('TASKHOSTER_TEST_DB') or 'test_taskhoster'}_host_{os.getpid()}"
-    server = {
+    server: dict[str, Any] = {
         "host": db.get("HOST") or "127.0.0.1",
         "port": db.get("PORT") or 5432,
         "user": db.get("USER") or "postgres",
@@ -287,7 +288,7 @@ def assert_envelope(response: httpx.Response, status: int, code: str | None = No
 def test_the_host_project_runs_on_the_suites_database_and_bus(host: Host) -> None:
     key = {"Authorization": f"Token {host.key}"}  # (the details are for callers with a key)
     health = httpx.get(f"{host.url}/tasks/healthz", headers=key, timeout=10).json()
-    vendor = "sqlite" if "sqlite" in settings.DATABASES["default"]["ENGINE"] else "postgresql"
+    vendor = "sqlite" if "sqlite" in str(settings.DATABASES["default"]["ENGINE"]) else "postgresql"
     assert health["database"]["vendor"] == vendor
     assert health["bus"]["kind"] == ("redis" if os.environ.get("REDIS_URL") else "doorbell")
 

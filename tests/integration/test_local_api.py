@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -512,7 +513,7 @@ def test_get_of_a_missing_or_malformed_id_raises_what_the_rest_api_answers(api, 
         if answer.status_code == 404 and answer.json()["error"]["code"] == "not_found":
             continue  # the URL itself does not match ('/'): nothing to compare
         error = answer.json()["error"]
-        got = local_error(lambda i=item_id: local.get(i))
+        got = local_error(partial(local.get, item_id))
         assert got == (answer.status_code, error["code"], error["message"])
 
 
@@ -547,7 +548,7 @@ def test_wait_refuses_a_bad_timeout_a_missing_item_and_an_open_transaction(q):
     posting = local.post("q", "job")
     for bad in (-1, float("nan"), float("inf"), "5", True):
         with pytest.raises(InvalidInput) as caught:
-            local.wait(posting.id, bad)
+            local.wait(posting.id, bad)  # type: ignore[arg-type]  # wrong types on purpose
         assert caught.value.code == "invalid_wait"
     with pytest.raises(TaskhosterError) as missing:
         local.wait("0" * 20, 1)

@@ -30,7 +30,7 @@ from rest_framework.test import APIClient
 from taskhoster.api.auth import known_keys
 from taskhoster.engine import committer
 from taskhoster.engine.group import prepare_post
-from taskhoster.engine.ops import NewItem
+from taskhoster.engine.ops import NewItem, Op
 from taskhoster.errors import KeyForbidden, KeyRefused
 from taskhoster.keys import hash_key
 from taskhoster.models import ApiKey, Item
@@ -208,14 +208,17 @@ def test_a_group_that_fails_as_a_whole_still_tells_a_refused_key_so(keys, monkey
         raise StoreError("the disk went away")
 
     monkeypatch.setattr(group_module.Group, "_dead_letters", fail)
-    ops = []
+    ops: list[Op] = []
+    futures: list[Future[Any]] = []
     for key in (keys["revoked"], keys["producer"]):
         op = prepare_post("q", [NewItem(payload=1)], key_hash=hash_key(key))
-        op.future = Future()
+        future: Future[Any] = Future()
+        op.future = future
         ops.append(op)
+        futures.append(future)
     committer.run_group(ops, 0)
-    assert type(ops[0].future.exception()) is KeyRefused
-    assert type(ops[1].future.exception()) is StoreError
+    assert type(futures[0].exception()) is KeyRefused
+    assert type(futures[1].exception()) is StoreError
     assert Item.objects.count() == 0
 
 

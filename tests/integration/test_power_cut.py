@@ -152,10 +152,11 @@ def record_acks(trace: Trace, monkeypatch: pytest.MonkeyPatch) -> None:
                 if isinstance(posted, engine.Posted) and posted.created:
                     trace.add("ack-post", posted.row.id, posted.payload)
             if isinstance(op, Result | Fail) and value.accepted:
-                if value.status == "finished":
+                if value.status == "finished" and isinstance(op, Result):
                     trace.add("ack-verdict", op.item_id, value.status, op.result)
                 elif value.status == "failed":
-                    trace.add("ack-verdict", op.item_id, value.status, op.error)
+                    error = op.error if isinstance(op, Fail) else None
+                    trace.add("ack-verdict", op.item_id, value.status, error)
                 else:  # a retryable failure: the item waits again
                     trace.add("ack-verdict", op.item_id, "pending", None)
             elif isinstance(op, Requeue) and value.accepted:

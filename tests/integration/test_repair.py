@@ -138,8 +138,8 @@ def test_repair_rebuilds_items_queues_and_threads_from_the_directories_alone(sta
     assert report.rows_added == len(before)
     after = snapshot()
     assert set(after) == set(before)
-    for item_id, row in before.items():
-        assert after[item_id] == row, f"item {item_id} came back different"
+    for item_id, values in before.items():
+        assert after[item_id] == values, f"item {item_id} came back different"
     assert {q.name: engine.queue_settings(q) for q in Queue.objects.all()} == settings_before
     assert {i: engine.get_item(item_id=i)[1].get("result") for i in after} == results_before
     assert results_before[ids["finished"]] == {"answer": 42}
@@ -214,12 +214,12 @@ def _write_copy(root: Path, item_id: str, state: str, rev: int, **changes: Any) 
 def test_repair_keeps_the_higher_rev_of_duplicate_files(state_root: Path, newer, older, status):
     engine.upsert_queue(name="main", body={})
     item_id = post(payload="x")
-    keep = {
+    keep: dict[str, dict[str, Any]] = {
         "done": {"status": "finished", "result": "newer", "finishedAt": to_wire(utcnow())},
         "pending": {"status": "pending"},
         "processing": {"status": "pending"},
     }
-    stale = {
+    stale: dict[str, dict[str, Any]] = {
         "done": {"status": "finished", "result": "older", "finishedAt": to_wire(utcnow())},
         "pending": {"status": "pending"},
         "processing": {"status": "pending"},

@@ -29,6 +29,13 @@ pytestmark = pytest.mark.slow
 SWEEP_LINE = re.compile(r"(\d+) lapsed lease\(s\) re-queued, (\d+) item\(s\) timed out")
 
 
+def sweep_counts(out: str) -> tuple[int, ...]:
+    """The two counts of ``manage.py sweep``'s summary line."""
+    found = SWEEP_LINE.search(out)
+    assert found is not None, out
+    return tuple(map(int, found.groups()))
+
+
 @pytest.fixture
 def http(server_factory, make_key: Callable[..., str]) -> Iterator[httpx.Client]:
     server = server_factory()
@@ -228,7 +235,7 @@ def test_two_sweeps_at_once_requeue_or_time_out_each_item_exactly_once(http, sta
     sweeps = [popen_manage(state_root, "sweep") for _ in range(2)]
     outputs = [s.communicate(timeout=60) for s in sweeps]
     assert [s.returncode for s in sweeps] == [0, 0], outputs
-    counts = [tuple(map(int, SWEEP_LINE.search(out).groups())) for out, _err in outputs]
+    counts = [sweep_counts(out) for out, _err in outputs]
     assert sum(c[0] for c in counts) == len(lapsed), counts
     assert sum(c[1] for c in counts) == n, counts
 

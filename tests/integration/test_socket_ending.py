@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -66,7 +67,7 @@ def _gauges(http):
 
 async def _take(ws, n):
     """Receive ``n`` item frames (other frames are skipped)."""
-    items = []
+    items: list[dict[str, Any]] = []
     while len(items) < n:
         frame = await recv(ws, 5)
         if frame["type"] == "item":

@@ -67,14 +67,14 @@ def test_no_two_members_of_a_thread_overlap_across_four_worker_processes(
     busy = [n for n, log in enumerate(logs) if log.read_text()]
     assert len(busy) >= 2, "the test needs real concurrency"
 
-    for thread, entries in intervals.items():
-        if thread is None:
+    for thread_id, entries in intervals.items():
+        if thread_id is None:
             continue
         entries.sort(key=lambda e: e["start"])
         for before, after in itertools.pairwise(entries):
-            assert before["end"] < after["start"], f"thread {thread}: overlap {before} {after}"
+            assert before["end"] < after["start"], f"thread {thread_id}: overlap {before} {after}"
         # head order: posted in arrival order with no scheduledAt, so claimed in id order
-        assert [e["id"] for e in entries] == sorted(e["id"] for e in entries), thread
+        assert [e["id"] for e in entries] == sorted(e["id"] for e in entries), thread_id
 
 
 def _post_thread(http, members=3):

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from taskhoster import engine
-from taskhoster.engine import Claimed, NewItem
+from taskhoster.engine import Claimed, ItemRow, NewItem
 from taskhoster.models import Item, Thread
 from taskhoster.status import State
 from taskhoster.store import decode
@@ -16,7 +16,7 @@ from taskhoster.timeutil import now as utcnow
 __all__ = ["Claimed", "NewItem", "utcnow"]
 
 
-def post(queue: str = "q", payload: Any = None, **spec: Any) -> Item:
+def post(queue: str = "q", payload: Any = None, **spec: Any) -> ItemRow:
     return engine.post_items(queue_name=queue, items=[NewItem(payload=payload, **spec)])[0].row
 
 
@@ -24,7 +24,7 @@ def claim(queue: str = "q", max_items: int = 10) -> list[Claimed]:
     return engine.claim(queue_name=queue, max_items=max_items)
 
 
-def claim_one(queue: str = "q") -> Item:
+def claim_one(queue: str = "q") -> ItemRow:
     got = engine.claim(queue_name=queue, max_items=1)
     assert len(got) == 1, got
     return got[0].row
@@ -56,6 +56,12 @@ def file_record(root: Path, queue: str, item_id: str) -> dict[str, Any]:
 def after(moment: datetime | None, seconds: float = 0.0) -> datetime:
     assert moment is not None
     return moment + timedelta(seconds=seconds)
+
+
+def lease_expiry(held: ItemRow) -> datetime:
+    """When a claimed row's lease runs out (a claimed row always has one)."""
+    assert held.lease_expires_at is not None
+    return held.lease_expires_at
 
 
 def ago(seconds: float) -> datetime:

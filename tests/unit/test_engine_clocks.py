@@ -23,6 +23,7 @@ from .lifecycle_helpers import (
     claimed_ids,
     exists,
     file_record,
+    lease_expiry,
     post,
     row,
     states_on_disk,
@@ -96,6 +97,7 @@ def test_requeue_held_puts_item_back_at_once_with_scheduled_at_unchanged(
     item = post()
     scheduled = row(item.id).scheduled_at
     held = claim_one()
+    assert held.lease is not None
     verdict = engine.requeue_held(item_id=item.id, lease=held.lease)
     assert (verdict.accepted, verdict.status) == (True, "pending")
     got = row(item.id)
@@ -111,6 +113,7 @@ def test_requeue_held_at_max_attempts_dies_with_worker_disconnected(
     make_queue("q", maxAttempts=1)
     item = post()
     held = claim_one()
+    assert held.lease is not None
     verdict = engine.requeue_held(item_id=item.id, lease=held.lease)
     assert (verdict.accepted, verdict.status) == (True, "failed")
     assert (row(item.id).status, row(item.id).error) == ("failed", "worker disconnected")
@@ -124,6 +127,7 @@ def test_requeue_held_with_a_stale_lease_changes_nothing(make_queue) -> None:
     first = claim_one()
     engine.sweep(at=after(first.lease_expires_at))
     second = claim_one()
+    assert first.lease is not None
     assert engine.requeue_held(item_id=item.id, lease=first.lease).accepted is False
     got = row(item.id)
     assert (got.status, got.lease) == ("processing", second.lease)
@@ -134,11 +138,13 @@ def test_requeue_held_of_finished_or_deleted_item_is_refused(make_queue) -> None
     make_queue("q")
     done = post()
     held = claim_one()
+    assert held.lease is not None
     engine.submit_result(item_id=done.id, result=1)
     assert engine.requeue_held(item_id=done.id, lease=held.lease).accepted is False
     assert row(done.id).status == "finished"
     gone = post()
     held = claim_one()
+    assert held.lease is not None
     engine.delete_item(item_id=gone.id)
     assert engine.requeue_held(item_id=gone.id, lease=held.lease).accepted is False
     assert not exists(gone.id)
@@ -411,7 +417,7 @@ def test_concurrent_sweeps_and_results_give_each_item_exactly_one_verdict(
     items = [post(payload=n).id for n in range(12)]
     held = claim(max_items=12)
     assert len(held) == 12
-    at = after(max(c.row.lease_expires_at for c in held), 1)
+    at = after(max(lease_expiry(c.row) for c in held), 1)
     accepted: list[str] = []
 
     def results() -> None:

@@ -25,6 +25,7 @@ def test_extend_with_current_lease_pushes_expiry_by_lease_seconds(make_queue) ->
     assert accepted is True
     stored = row(item.id).lease_expires_at
     assert got.lease_expires_at == stored
+    assert stored is not None
     assert before + timedelta(seconds=30) <= stored <= utcnow() + timedelta(seconds=30)
 
 
@@ -37,6 +38,7 @@ def test_extend_grants_asked_seconds_clamped_to_lease_seconds(make_queue, asked,
     accepted, _ = engine.extend(item_id=item.id, lease=held.lease, seconds=asked)
     assert accepted is True
     stored = row(item.id).lease_expires_at
+    assert stored is not None
     assert before + timedelta(seconds=granted) <= stored <= utcnow() + timedelta(seconds=granted)
 
 
@@ -67,6 +69,8 @@ def test_extended_lease_is_not_lapsed_by_a_sweep_at_the_old_expiry(make_queue) -
     engine.extend(item_id=item.id, lease=held.lease, seconds=30)
     new_expiry = row(item.id).lease_expires_at
     old_expiry = held.lease_expires_at
+    assert new_expiry is not None
+    assert old_expiry is not None
     assert new_expiry > old_expiry
     assert engine.sweep(at=after(new_expiry, -0.000_001)).requeued == 0
     assert row(item.id).status == "processing"

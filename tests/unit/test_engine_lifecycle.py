@@ -137,6 +137,7 @@ def test_claim_moves_file_pending_to_processing_with_attempt_and_lease(
     assert got.attempts == 1
     assert got.lease
     assert got.lease == claimed[0].row.lease
+    assert got.lease_expires_at is not None
     assert (
         before + timedelta(seconds=30) <= got.lease_expires_at <= utcnow() + timedelta(seconds=30)
     )
@@ -406,6 +407,7 @@ def _die(item_id: str, how: str) -> str:
         engine.sweep(at=after(held.lease_expires_at))
         return engine.LEASE_EXPIRED
     assert how == "disconnect"
+    assert held.lease is not None
     engine.requeue_held(item_id=item_id, lease=held.lease)
     return engine.WORKER_DISCONNECTED
 

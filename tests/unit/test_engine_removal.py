@@ -10,6 +10,7 @@ from taskhoster import engine
 from taskhoster.engine import NewItem
 from taskhoster.errors import Conflict, ItemNotFound
 from taskhoster.models import Item
+from taskhoster.status import Status
 
 from .lifecycle_helpers import (
     after,
@@ -89,7 +90,7 @@ def test_delete_many_and_by_status(make_queue, state_root: Path) -> None:
     items = [post(payload=n).id for n in range(5)]
     assert engine.delete_items(item_ids=[items[0], items[1], "nope"]) == 2
     claim_one()  # items[2] is processing
-    assert engine.delete_by_status(queue_name="q", status="pending") == 2
+    assert engine.delete_by_status(queue_name="q", status=Status.PENDING) == 2
     assert [i.id for i in Item.objects.all()] == [items[2]]
     for item_id in items[:2] + items[3:]:
         assert states_on_disk(state_root, "q", item_id) == []

@@ -407,12 +407,12 @@ class ThreadMachine(RuleBasedStateMachine):
         # kept only while no member is processing)
         threads = {t.thread_id: t for t in Thread.objects.filter(queue_id=self.queue_id)}
         assert set(threads) == model.threads(), self.dump()
-        for thread_id, thread in threads.items():
-            busy = model.processing(thread_id)
+        for thread_id, thread_row in threads.items():
+            processing = model.processing(thread_id)
             head = model.head(thread_id)
-            assert thread.member_count == len(model.members(thread_id)), thread_id
-            assert thread.processing_item == (busy.id if busy else None), thread_id
-            assert thread.head_item == (head.id if head and not busy else None), thread_id
+            assert thread_row.member_count == len(model.members(thread_id)), thread_id
+            assert thread_row.processing_item == (processing.id if processing else None), thread_id
+            assert thread_row.head_item == (head.id if head and not processing else None), thread_id
 
     def dump(self) -> str:
         rows = Item.objects.filter(queue_id=self.queue_id).order_by("scheduled_at", "seq")
