@@ -329,10 +329,10 @@ def test_claim_killed_after_commit_does_not_stay_processing_past_lease_plus_one_
     manage(*REPAIR)
     assert_index_matches_directories(state_root)
     assert_threads_consistent()
-    lapse = max(
-        Item.objects.filter(status=Status.PROCESSING).values_list("lease_expires_at", flat=True),
-        default=utcnow(),
+    leases = Item.objects.filter(status=Status.PROCESSING).values_list(
+        "lease_expires_at", flat=True
     )
+    lapse = max((t for t in leases if t is not None), default=utcnow())
     time.sleep(max(0.0, (lapse - utcnow()).total_seconds()) + 0.1)
     manage("sweep")
     assert status_of(a, b, c) == dict.fromkeys((a, b, c), "pending"), (

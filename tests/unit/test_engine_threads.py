@@ -131,7 +131,9 @@ def test_lapsed_head_stays_head_with_scheduled_at_unchanged(make_queue) -> None:
     held = claim_one()
     engine.sweep(at=after(held.lease_expires_at))
     assert claimed_ids() == [a.id]
-    engine.requeue_held(item_id=a.id, lease=row(a.id).lease)
+    lease = row(a.id).lease
+    assert lease is not None
+    engine.requeue_held(item_id=a.id, lease=lease)
     assert claimed_ids() == [a.id]
     assert row(b.id).status == "pending"
 
