@@ -214,6 +214,7 @@ class Committer:
         self.thread: threading.Thread | None = None
         self.pid = os.getpid()
         self.shard = random.randrange(COUNT_SHARDS)
+        self.busy = False  # running a group
 
     def submit(self, op: Op) -> None:
         with self.cond:
@@ -278,12 +279,15 @@ class Committer:
             started = time.perf_counter()
             if fault("committer.slow_group"):
                 time.sleep(slow_seconds())  # a test's stand-in for a disk that stalls
+            self.busy = True
             try:
                 run_group(group, self.shard)
                 metrics.count_group(len(group), time.perf_counter() - started)
             except BaseException:  # run_group never raises; keep the committer alive anyway
                 log.exception("the committer failed on a group")
                 _fail_all(group, RuntimeError("the committer failed"))
+            finally:
+                self.busy = False
 
 
 _committer: Any = None

@@ -24,6 +24,7 @@ child kills the server as well: the two are one server.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import ctypes.util
@@ -42,7 +43,7 @@ from typing import Any
 
 from django.conf import settings
 
-from .. import bus, events
+from .. import bus, events, metrics
 from ..errors import StoreError, TaskhosterError
 from ..osthread import name_os_thread
 from . import committer as committing
@@ -51,6 +52,10 @@ from .ops import Op
 log = logging.getLogger(__name__)
 HEADER = struct.Struct("<I")
 CHILD_ENV = "TASKHOSTER_COMMITTER_CHILD"
+
+
+# How long a server process's exit waits for its committer process to finish and go.
+STOP_SECONDS = 5.0
 
 
 def _frame(value: Any) -> bytes:
@@ -109,6 +114,7 @@ class ChildCommitter:
         self.next_id = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid = os.getpid()
+        self.closing = False
 
     def submit(self, op: Op) -> None:
         with self.cond:
@@ -170,6 +176,24 @@ class ChildCommitter:
             daemon=True,
         ).start()
         self.proc = started.result()
+        atexit.register(self.close)
+
+    def close(self, timeout: float = STOP_SECONDS) -> None:
+        """Let the committer process end as it would go idle, at this process's exit: its
+        input closed, it finishes what it holds and writes the metrics it counted since its
+        last flush (a one-shot sweep's counts were lost when it was killed with its parent),
+        then exits; after ``timeout`` it is killed."""
+        with self.cond:
+            proc = self.proc
+            if proc is None or proc.stdin is None or os.getpid() != self.pid:
+                return
+            self.closing = True
+        with self.write_lock, contextlib.suppress(OSError):
+            proc.stdin.close()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
     def _spawn_and_read(
         self, env: dict[str, str], started: Future[subprocess.Popen[bytes]]
@@ -202,7 +226,8 @@ class ChildCommitter:
                     elif kind == "news":
                         events.deliver(body)
         except (EOFError, OSError, pickle.UnpicklingError) as exc:
-            log.error("the committer process stopped (%s)", exc or "its pipe closed")
+            if not self.closing:
+                log.error("the committer process stopped (%s)", exc or "its pipe closed")
         except Exception:
             log.exception("the committer process sent something unreadable")
         with self.cond:
@@ -264,7 +289,14 @@ def run_child() -> None:
         try:
             batches = reader.frames()
         except EOFError:
-            return  # the server is gone
+            # The server closed the pipe (it is exiting; if it died, so do we): finish what
+            # was handed in, write the metrics counted since the last flush, and go.
+            deadline = time.monotonic() + STOP_SECONDS
+            while (runner.waiting() or runner.busy) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            with contextlib.suppress(Exception):
+                metrics.maybe_flush(force=True)
+            return
         for batch in batches:
             for wire_id, op in batch:
                 op.wire_id = wire_id
