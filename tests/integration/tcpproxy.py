@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 
 
 class TcpProxy:
@@ -23,6 +24,7 @@ class TcpProxy:
         self.lose_answers = 0
         self.refuse = False
         self.accepted = 0
+        self.accepted_at: list[float] = []  # time.monotonic() of each accept
         self.lost = 0
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
@@ -37,6 +39,7 @@ class TcpProxy:
                 return
             with self._lock:
                 self.accepted += 1
+                self.accepted_at.append(time.monotonic())
             if self.refuse:
                 client.close()
                 continue

@@ -16,7 +16,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .wsclient import connect, make_queue, post, recv, recv_none, send, subscribe
+from .wsclient import (
+    PONG,
+    assert_nothing_before,
+    connect,
+    make_queue,
+    ping,
+    post,
+    recv,
+    send,
+    subscribe,
+)
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -189,7 +199,8 @@ def test_no_channel_layer_is_no_misconfiguration_a_socket_is_served_without_one(
         async def run_worker() -> None:
             ws = await connect(server, key)
             await subscribe(ws, ["q"], 1)
-            await recv_none(ws, 0.3)
+            await ping(ws)
+            await assert_nothing_before(ws, PONG)  # subscribed: no error
             item = post(http, "work")
             frame = await recv(ws)
             assert frame["id"] == item

@@ -10,13 +10,25 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
+from typing import Any
 
 import httpx
 import pytest
 
 from taskhoster.contract import ERROR_MAX_CHARS, MAX_LEASE_SECONDS
 
-from .wsclient import connect, make_queue, post, recv, recv_none, send, subscribe
+from .wsclient import (
+    PONG,
+    assert_nothing_before,
+    connect,
+    make_queue,
+    ping,
+    post,
+    recv,
+    send,
+    subscribe,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -62,6 +74,22 @@ def claim_attempts(http: httpx.Client, queue: str) -> float:
     text = http.get("/metrics").text
     found = re.search(rf'^taskhoster_claim_attempts_total{{queue="{queue}"}} (\S+)$', text, re.M)
     return float(found.group(1)) if found else 0.0
+
+
+def settled_claim_attempts(http: httpx.Client, queue: str, barrier: str) -> float:
+    """``claim_attempts`` once all the server handed its committer before this call is
+    counted: the committer counts each group after its commit and writes out all it has
+    counted at once (at most once a second, or when it idles). So two claims on ``barrier``
+    (a queue no socket serves), the second after the first was answered, in a later group
+    than the first and all before it: once the second shows, everything before does."""
+    base = claim_attempts(http, barrier)
+    for _ in range(2):
+        assert http.post(f"/api/queues/{barrier}/claim", json={}).json()["items"] == []
+    deadline = time.monotonic() + 30
+    while claim_attempts(http, barrier) < base + 2:
+        assert time.monotonic() < deadline, "the barrier's claims were never counted"
+        time.sleep(0.05)
+    return claim_attempts(http, queue)
 
 
 def string_of_json_bytes(size: int) -> str:
@@ -114,17 +142,19 @@ def test_every_socket_limit_comes_from_the_servers_settings(server, http, key):
         await subscribe(ws, ["a", "b", "c"], 1)
         assert (await recv(ws))["code"] == "invalid_queues"
         await subscribe(ws, ["a", "b"], 3)
-        await recv_none(ws, 0.3)  # taken: no error
+        await ping(ws)
+        # Taken: no error. And the claims it made (finding nothing) went to the committer
+        # before the ping was answered: ``before`` counts them.
+        await assert_nothing_before(ws, PONG)
         # Three items for three free slots: one claim takes at most MAX_CLAIM (2), so the
         # dispatcher makes two (it made one of 3 when the cap was a constant 100).
-        await asyncio.sleep(1.0)  # counters are written when the committer idles (0.5 s)
-        before = claim_attempts(http, "a")
+        before = settled_claim_attempts(http, "a", barrier="c")
         batch = [{"payload": n} for n in range(3)]
         answer = http.post("/api/queues/a/items", json={"items": batch}).json()
         pushed = [await recv(ws) for _ in range(3)]
         assert {f["id"] for f in pushed} == {i["id"] for i in answer["items"]}
-        await asyncio.sleep(1.0)
-        assert claim_attempts(http, "a") - before == 2
+        # The socket is full now: no claim for a can come after the pushes.
+        assert settled_claim_attempts(http, "a", barrier="c") - before == 2
         result = {"type": "result", "id": pushed[0]["id"], "result": "x" * 1999}
         await send(ws, result)
         assert (await recv(ws))["code"] == "too_large"
@@ -146,7 +176,7 @@ def test_served_documents_state_the_servers_limits(http):
     assert openapi["BulkDelete"]["properties"]["ids"]["maxItems"] == 2
 
 
-BAD_VALUES = [
+BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
     # (operation, fields, code): the same fields as a REST body and as a socket frame
     ("extend", {"seconds": MAX_LEASE_SECONDS + 1}, "invalid_seconds"),
     ("extend", {"seconds": 0}, "invalid_seconds"),
@@ -162,7 +192,11 @@ BAD_VALUES = [
     ("result", {"result": "x" * 1999}, "too_large"),
     ("result", {"results": 1}, "unknown_field"),
 ]
-BASE = {"result": {"result": 1}, "fail": {"lease": "a-lease"}, "extend": {"lease": "a-lease"}}
+BASE: dict[str, dict[str, Any]] = {
+    "result": {"result": 1},
+    "fail": {"lease": "a-lease"},
+    "extend": {"lease": "a-lease"},
+}
 
 
 def test_rest_and_socket_refuse_the_same_bad_values_with_the_same_code(server, http, key):

@@ -9,12 +9,26 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import UTC, datetime
 
 import httpx
 import pytest
 import websockets
 
-from .wsclient import connect, make_queue, post, recv, recv_none, send, status_of, subscribe, ws_url
+from .wsclient import (
+    PONG,
+    assert_nothing_before,
+    connect,
+    item_of,
+    make_queue,
+    ping,
+    post,
+    recv,
+    send,
+    status_of,
+    subscribe,
+    ws_url,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +58,32 @@ def metric(http, name, queue="q"):
     return float(match.group(1)) if match else 0.0
 
 
+def committed(http):
+    """Return once all the server handed its committer before this call is committed (the
+    claim a subscription made, say): a claim on a queue of its own is answered at its
+    group's commit, which comes no earlier than theirs."""
+    make_queue(http, "barrier")
+    assert http.post("/api/queues/barrier/claim", json={}).json()["items"] == []
+
+
+def settled_metric(http, name, queue="q"):
+    """``metric`` once all the server handed its committer before this call is counted in it.
+
+    The committer counts each group after its commit and writes the counts out later (at most
+    once a second, or when it idles), all that it has counted at once. So two claims on a
+    queue of their own, the second made after the first was answered (a later group than
+    the first and all before it): once the second shows, everything before the first does."""
+    make_queue(http, "barrier")
+    base = metric(http, "claim_attempts", "barrier")
+    for _ in range(2):
+        assert http.post("/api/queues/barrier/claim", json={}).json()["items"] == []
+    deadline = time.monotonic() + 30
+    while metric(http, "claim_attempts", "barrier") < base + 2:
+        assert time.monotonic() < deadline, "the barrier's claims were never counted"
+        time.sleep(0.05)
+    return metric(http, name, queue)
+
+
 def test_socket_without_key_is_refused_with_close_code_4401(server):
     async def run():
         ws = await connect(server, None)
@@ -52,6 +92,7 @@ def test_socket_without_key_is_refused_with_close_code_4401(server):
         assert frame["code"] == "unauthorized"
         with pytest.raises(websockets.ConnectionClosed) as closed:
             await ws.recv()
+        assert closed.value.rcvd is not None
         assert closed.value.rcvd.code == 4401
 
     asyncio.run(run())
@@ -65,6 +106,7 @@ def test_socket_with_key_lacking_work_scope_is_refused_with_4403(server, make_ke
         assert (await recv(ws))["code"] == "forbidden"
         with pytest.raises(websockets.ConnectionClosed) as closed:
             await ws.recv()
+        assert closed.value.rcvd is not None
         assert closed.value.rcvd.code == 4403
 
     asyncio.run(run())
@@ -81,7 +123,11 @@ def test_key_limited_to_queues_cannot_subscribe_to_others(server, http, make_key
         await subscribe(ws, ["b"], 1)
         assert (await recv(ws))["code"] == "forbidden"
         await subscribe(ws, ["a"], 1)
-        await recv_none(ws, 0.3)
+        # Taken: no error (it would come before the ping's answer), and in force.
+        await ping(ws)
+        await assert_nothing_before(ws, PONG)
+        item = post(http, "for a", queue="a")
+        await assert_nothing_before(ws, item_of(item))
         await ws.close()
 
     asyncio.run(run())
@@ -108,13 +154,20 @@ def test_items_are_pushed_up_to_capacity_and_a_result_frees_a_slot(server, http,
             "leaseExpiresAt",
             "lease",
         }
-        await recv_none(ws)
         await send(ws, {"type": "result", "id": ids[0], "result": "done"})
         # The ack and the push into the freed slot come from one group commit, either first.
         answers = sorted([await recv(ws), await recv(ws)], key=lambda f: f["type"])
         assert answers[0] == {"type": "ack", "id": ids[0], "accepted": True, "status": "finished"}
         assert (answers[1]["type"], answers[1]["id"]) == ("item", ids[2])
-        await recv_none(ws)
+        # Full again (ids 1 and 2): the last item goes to a second socket. Then every item is
+        # accounted for, so none was pushed to the first beyond its capacity, before the
+        # result or after it (were one, the second socket would wait for it in vain).
+        other = await connect(server, key)
+        await subscribe(other, ["q"], 2)
+        assert (await recv(other, 30))["id"] == ids[3]
+        await ping(ws)
+        await assert_nothing_before(ws, PONG)
+        await other.close()
         await ws.close()
 
     asyncio.run(run())
@@ -143,20 +196,14 @@ def test_items_are_spread_fairly_over_sockets(server, http, key):
         sockets = [await connect(server, key) for _ in range(3)]
         for ws in sockets:
             await subscribe(ws, ["q"], 5)
-        await asyncio.sleep(0.3)
-        for n in range(3):
-            post(http, n)
-        counts = []
+            await ping(ws)
         for ws in sockets:
-            got = 0
-            try:
-                while True:
-                    await recv(ws, 0.5)
-                    got += 1
-            except TimeoutError:
-                pass
-            counts.append(got)
-        assert sorted(counts) == [1, 1, 1]
+            await assert_nothing_before(ws, PONG)  # each subscription is in force
+        ids = [post(http, n) for n in range(3)]
+        # One each ([1, 1, 1]): a socket given two would leave another waiting in vain. Then
+        # every item is accounted for: nothing more can come.
+        firsts = await asyncio.gather(*(recv(ws, 30) for ws in sockets))
+        assert sorted(f["id"] for f in firsts) == sorted(ids)
         for ws in sockets:
             await ws.close()
 
@@ -175,12 +222,21 @@ def test_resubscribe_replaces_queues_and_capacity(server, http, key):
             # ack for a subscribe); from then on nothing of a may come.
             b1 = post(http, "b1", queue="b")
             assert (await recv(ws))["id"] == b1
-            post(http, "for a", queue="a")
-            await recv_none(ws, 0.4)
+            for_a = post(http, "for a", queue="a")
+            # A claim for a would be handed to the committer as "for a" is posted, before b2
+            # is: its item would come first (and fill the second slot, so b2 would not come).
             b2 = post(http, "b2", queue="b")
-            assert (await recv(ws))["id"] == b2
-            post(http, "b3", queue="b")  # capacity 2 is full
-            await recv_none(ws, 0.4)
+            await assert_nothing_before(ws, item_of(b2))
+            b3 = post(http, "b3", queue="b")  # capacity 2 is full
+            # A second socket gets b3 and "for a": every item is accounted for, so neither
+            # went to the first.
+            async with await connect(server, key) as other:
+                await subscribe(other, ["a"], 1)
+                assert (await recv(other, 30))["id"] == for_a
+                await subscribe(other, ["b"], 2)
+                assert (await recv(other, 30))["id"] == b3
+            await ping(ws)
+            await assert_nothing_before(ws, PONG)
 
     asyncio.run(run())
 
@@ -210,7 +266,11 @@ def test_an_item_claimed_for_a_queue_the_socket_has_left_goes_back_without_an_at
                 await subscribe(ws, ["a"], 1)  # its claim is in flight for a second
                 await asyncio.sleep(0.3)
                 await subscribe(ws, ["b"], 1)
-                await recv_none(ws, 1.5)
+                # The claim for a holds the socket's only slot until it has dealt its item:
+                # an item of b comes after that, into the freed slot. Had the item of a been
+                # pushed here, it would come first (and b's would not come at all).
+                other = post(http, "for b", queue="b")
+                await assert_nothing_before(ws, item_of(other))
 
         asyncio.run(run())
         row = status_of(http, item)
@@ -232,7 +292,8 @@ def test_a_slot_an_empty_claim_gives_back_serves_news_for_the_sockets_other_queu
                 await subscribe(ws, ["a", "b"], 1)
                 await asyncio.sleep(0.3)
                 item = post(http, "for b", queue="b")
-                assert (await recv(ws, timeout=5))["id"] == item
+                # Well within the backstop's first look (60 s after the socket came).
+                assert (await recv(ws, timeout=30))["id"] == item
 
         asyncio.run(run())
 
@@ -272,6 +333,7 @@ def _sigkilled_worker_takes(server, key):
     worker = subprocess.Popen(
         [sys.executable, "-c", WORKER, ws_url(server), key], stdout=subprocess.PIPE, text=True
     )
+    assert worker.stdout is not None
     try:
         line = worker.stdout.readline().strip()
     finally:
@@ -444,9 +506,16 @@ def test_fail_over_the_socket_uses_the_held_lease_and_backs_off(server, http, ke
         ack = await recv(ws)
         assert ack["accepted"] is True
         assert ack["leaseExpiresAt"].endswith("Z")
+        failed_at = datetime.now(UTC)
         await send(ws, {"type": "fail", "id": item, "error": "boom"})
         assert await recv(ws) == {"type": "ack", "id": item, "accepted": True, "status": "pending"}
-        await recv_none(ws, 0.5)  # backed off 30 s: not pushed again now
+        due = datetime.fromisoformat(status_of(http, item)["scheduledAt"])
+        assert (due - failed_at).total_seconds() >= 29.9, due  # backed off 30 s
+        # So not pushed again now. The fail freed the slot and a claim for it went to the
+        # committer with the fail, before the next post: had that claim found the item
+        # due, it would come first (and fill the only slot).
+        nxt = post(http, "next")
+        await assert_nothing_before(ws, item_of(nxt))
         await ws.close()
 
     asyncio.run(run())
@@ -479,8 +548,12 @@ def test_sweep_in_another_process_wakes_a_waiting_socket_without_polling(server,
     async def run():
         ws = await connect(server, key)
         await subscribe(ws, ["q"], 1)
-        await recv_none(ws, 0.5)
-        manage("sweep")
+        await ping(ws)
+        await assert_nothing_before(ws, PONG)  # subscribed, and the item still held
+        committed(http)  # so is the claim the subscription made: only news can wake it now
+        await asyncio.sleep(0.5)  # past the 0.3 s lease
+        # The sweep re-queued it: nothing had taken it again before the sweep.
+        assert "1 lapsed lease(s) re-queued" in manage("sweep").stdout
         # Timed from the sweep's end, not from its start (a process that starts Django takes
         # seconds on a slow day): the backstop is 60 s here, so a push within 10 s of it came
         # by the news, not by a poll.
@@ -497,23 +570,30 @@ def test_sweep_in_another_process_wakes_a_waiting_socket_without_polling(server,
 def test_one_new_item_costs_one_claim_with_fifty_idle_sockets(server, http, key):
     make_queue(http)
 
-    async def first_frame(ws):
-        try:
-            return await recv(ws, 2)
-        except TimeoutError:
-            return None
-
     async def run():
         sockets = [await connect(server, key) for _ in range(50)]
         for ws in sockets:
             await subscribe(ws, ["q"], 1)
-        await asyncio.sleep(1.5)
-        before = metric(http, "claim_attempts")
+            await ping(ws)
+        # Each subscription is in force, and the claim it made (finding nothing) was handed to
+        # the committer before its ping was answered: ``settled_metric`` counts them all.
+        for ws in sockets:
+            await assert_nothing_before(ws, PONG)
+        before = await asyncio.to_thread(settled_metric, http, "claim_attempts")
         item = post(http, "one")
-        frames = await asyncio.gather(*(first_frame(ws) for ws in sockets))
-        received = [f for f in frames if f is not None]
+        receiving = [asyncio.ensure_future(recv(ws, 30)) for ws in sockets]
+        done, _ = await asyncio.wait(receiving, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        assert done, "the item reached no socket"
+        # Then every socket answers a ping: the item is the only frame any of them got.
+        for ws in sockets:
+            await ping(ws)
+        frames = await asyncio.gather(*receiving)
+        received = [f for f in frames if f != PONG]
         assert [f["id"] for f in received] == [item]
-        assert metric(http, "claim_attempts") - before == 1
+        await assert_nothing_before(sockets[frames.index(received[0])], PONG)
+        # A second claim would have been made for the post's news, before the item came.
+        after = await asyncio.to_thread(settled_metric, http, "claim_attempts")
+        assert after - before == 1
         for ws in sockets:
             await ws.close()
 
@@ -530,11 +610,17 @@ def test_two_server_processes_share_the_state_root_and_wake_each_other(server_fa
         async def run():
             ws = await connect(second, key)
             await subscribe(ws, ["q"], 1)
-            await recv_none(ws, 0.3)
-            started = time.monotonic()
+            # In force before the post, and the claim it made committed (finding nothing):
+            # the item can reach it only by the first process's news, or the backstop.
+            await ping(ws)
+            await assert_nothing_before(ws, PONG)
+            with httpx.Client(base_url=second.url, headers=headers, timeout=10) as on_second:
+                committed(on_second)
             item = post(http, "via the first process")
-            assert (await recv(ws, 3))["id"] == item
-            assert time.monotonic() - started < 1
+            # The second process's backstop first looks 60 s after its first socket: a push
+            # within 30 s came by the news (timed generously: a loaded machine is slow, not
+            # a minute slow).
+            assert (await recv(ws, 30))["id"] == item
             await send(ws, {"type": "result", "id": item, "result": 1})
             assert (await recv(ws))["accepted"] is True
             await ws.close()
@@ -550,9 +636,10 @@ def test_an_idle_socket_stays_open_and_served_past_seven_seconds(server, http, k
     async def run():
         ws = await connect(server, key)
         await subscribe(ws, ["q"], 1)
-        await recv_none(ws, 7.5)
+        await asyncio.sleep(7.5)  # idle: the time is the point here (a slow machine adds to it)
+        # Nothing came meanwhile (it would come first), and the socket still serves.
         item = post(http, "after a long idle")
-        assert (await recv(ws))["id"] == item
+        await assert_nothing_before(ws, item_of(item))
         await ws.close()
 
     asyncio.run(run())

@@ -12,7 +12,20 @@ import pytest
 from taskhoster.client import AsyncProducer, Job, PermanentError, Worker
 from taskhoster.client import worker as worker_module
 
-from .wsclient import connect, make_queue, post, recv, recv_none, send, status_of, subscribe
+from .wsclient import (
+    COMMITTER_PONG,
+    PONG,
+    assert_nothing_before,
+    connect,
+    make_queue,
+    ping,
+    ping_committer,
+    post,
+    recv,
+    send,
+    status_of,
+    subscribe,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +101,11 @@ def test_a_stale_fail_or_extend_is_refused_and_leaves_the_new_attempt_running(
                 ws, {"type": "fail", "id": a, "lease": first["lease"], "error": "old handler"}
             )
             assert await recv(ws) == {"type": "ack", "id": a, "accepted": False}
-            await recv_none(ws, 0.7)  # B is not started: A still holds the thread
+            # B is not started: A still holds the thread. (Had the fail ended A's attempt,
+            # a claim for B would have gone to the committer before this ping, and B would
+            # be pushed before its answer.)
+            await ping_committer(ws)
+            await assert_nothing_before(ws, COMMITTER_PONG)
             assert status_of(http, a) == before  # still processing, attempts 2, same lease
             assert status_of(http, b)["status"] == "pending"
 
@@ -157,7 +174,10 @@ def test_a_stale_result_is_accepted_and_cancels_the_new_attempt(server, http, ke
             }
             await send(ws, {"type": "fail", "id": a, "lease": second["lease"]})
             assert await recv(ws) == {"type": "ack", "id": a, "accepted": False}
-            await recv_none(ws, 0.3)
+            # Nothing more: every item is accounted for, and whatever these frames caused
+            # (a cancel, say) would have been sent before the ping was answered.
+            await ping(ws)
+            await assert_nothing_before(ws, PONG)
 
     asyncio.run(run())
     done = status_of(http, a)
@@ -182,7 +202,8 @@ def test_a_result_with_the_held_lease_is_taken_as_before(server, http, key, mana
             # The first attempt's result is now the later one: refused, and nothing cancelled.
             await send(ws, {"type": "result", "id": a, "lease": first["lease"], "result": 1})
             assert (await recv(ws))["accepted"] is False
-            await recv_none(ws, 0.3)
+            await ping(ws)
+            await assert_nothing_before(ws, PONG)  # nothing cancelled, before or after
 
     asyncio.run(run())
     assert status_of(http, a)["result"] == 2

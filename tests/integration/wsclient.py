@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
 import websockets
@@ -84,13 +85,54 @@ def check_frame(frame: Any, validators: dict[str, Draft7Validator] | None = None
         )
 
 
-async def recv_none(ws: Any, timeout: float = 0.5) -> None:
-    """Assert that nothing arrives within ``timeout`` seconds."""
-    try:
-        frame = await asyncio.wait_for(ws.recv(), timeout)
-    except TimeoutError:
-        return
-    raise AssertionError(f"unexpected frame {frame}")
+# An id no item has: an ``extend`` for it is answered at once, changing nothing.
+PING_ID = "ping-no-such-item"
+PONG = {"type": "ack", "id": PING_ID, "accepted": False}
+
+
+async def ping(ws: Any) -> None:
+    """Send a frame the socket answers with ``PONG`` and nothing else: an ``extend`` of an
+    item it does not hold. Frames are answered in the order they come, so ``PONG`` comes
+    after the answers (acks, errors) of every frame sent before the ping, and after every
+    frame the server sent before it handled the ping. Not after what a commit still under
+    way will make it send (an item a claim in flight takes): ``ping_committer`` for that."""
+    await send(ws, {"type": "extend", "id": PING_ID})
+
+
+COMMITTER_PONG = {
+    "type": "error",
+    "code": "item_not_found",
+    "message": f"item {PING_ID!r} does not exist",
+    "id": PING_ID,
+}
+
+
+async def ping_committer(ws: Any) -> None:
+    """A ping answered (``COMMITTER_PONG``) only once the server's committer has answered
+    all it was handed before: a ``result`` for an item that does not exist. So what earlier
+    commits made the server send (an item a claim took for a free slot, a cancel) comes
+    first. Unlike ``ping``, the socket then looks for work for its free slots (a claim)."""
+    await send(ws, {"type": "result", "id": PING_ID, "result": None})
+
+
+async def assert_nothing_before(
+    ws: Any, marker: dict[str, Any] | Callable[[dict[str, Any]], bool], timeout: float = 30.0
+) -> dict[str, Any]:
+    """The next frame, asserted to be ``marker`` (a frame, or a predicate on one).
+
+    The marker is something the server sends after whatever would have caused an unwanted
+    frame (a ``PONG``, the item of a post made later, ...): an unwanted frame would come
+    first, and fail this, however slow the machine. Decided by order, not by a clock (the
+    generous ``timeout`` only bounds a marker that never comes)."""
+    frame = await recv(ws, timeout)
+    matches = marker(frame) if callable(marker) else frame == marker
+    assert matches, f"unexpected frame {frame!r} before the marker"
+    return frame
+
+
+def item_of(item_id: str) -> Callable[[dict[str, Any]], bool]:
+    """A marker: the item frame of ``item_id``."""
+    return lambda frame: frame.get("type") == "item" and frame.get("id") == item_id
 
 
 async def subscribe(ws: Any, queues: list[str], capacity: int) -> None:
