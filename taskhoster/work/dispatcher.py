@@ -237,6 +237,11 @@ class Dispatcher:
                 worker.reserved += share
                 total += share
             if not shares:
+                # Every free slot was reserved, since this claim was asked for, by a claim of
+                # another queue of these sockets (a subscribe to several queues wakes them
+                # all at once): look again when that one ends, with what it leaves free.
+                if any(w.reserved for w in self.serving.get(queue, ())):
+                    self.dirty.add(queue)
                 return
             if fault("dispatch.slow_claim"):
                 await asyncio.sleep(1.0)

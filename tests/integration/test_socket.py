@@ -241,6 +241,29 @@ def test_resubscribe_replaces_queues_and_capacity(server, http, key):
     asyncio.run(run())
 
 
+def test_a_subscribe_to_several_queues_gets_the_waiting_work_of_each_without_the_backstop(
+    server_factory, key
+):
+    # The subscribe wakes a claim per queue at once; the first reserves every free slot and
+    # fills one. The others, finding no free slot, must look again when it ends (they returned
+    # for good, and b's item waited for the backstop: 60 s here).
+    server = server_factory(TASKHOSTER_SOCKET_BACKSTOP_SECONDS="60")
+    with httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=10
+    ) as http:
+        for name in ("a", "b", "c"):
+            make_queue(http, name)
+        items = {post(http, f"for {name}", queue=name) for name in ("a", "b", "c")}
+
+        async def run():
+            async with await connect(server, key) as ws:
+                await subscribe(ws, ["a", "b", "c"], 3)
+                got = {(await recv(ws, 30))["id"] for _ in range(3)}
+                assert got == items
+
+        asyncio.run(run())
+
+
 def _slow_first_claim(server_factory, key):
     """A server whose first claim with slots to fill waits a second before it claims."""
     server = server_factory(
