@@ -424,7 +424,8 @@ def test_a_waiting_long_poll_holds_no_database_connection(server_factory, make_k
     for t in threads:
         t.join(30)
     assert answer.status_code == 200, answer.text
-    assert took < 3, f"the result waited {took:.1f} s beside sixty long-polls"
+    # (waiting for a connection of the pool the long-polls held, it would have waited 30 s)
+    assert took < 15, f"the result waited {took:.1f} s beside sixty long-polls"
 
 
 def test_a_key_waits_in_at_most_max_waits_per_key_long_polls(server_factory, make_key):
