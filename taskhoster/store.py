@@ -145,7 +145,8 @@ def decode(data: bytes, *, name: str = "") -> tuple[Record, int]:
 
 
 class Syscalls:
-    """The file operations the store makes; a test may record them (see tests/crash)."""
+    """The file operations the store makes; a test may record them (see
+    tests/integration/test_power_cut.py)."""
 
     def create(self, path: str, data: bytes) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)

@@ -13,9 +13,10 @@ Every transition has the same shape here:
 5. **settle threads**: each touched thread once, with its next head made eligible;
 6. **claims** run last, so they see this group's posts and freed threads;
 7. **commit** (removals are applied just before it), and announce what changed;
-8. **flush, then answer**: one barrier (shared with the groups committed meanwhile, see
-   ``committer.Flusher``) makes the files durable before any answer that needs them goes
-   out; a claim or an extend, which need no durability, is answered at the commit.
+8. **flush, then answer** (``committer.run_group``): one barrier for the group
+   (``store.FileBatch.flush``) makes its files durable before any answer that needs them
+   goes out; a claim, an extend or a release, which need no durability, is answered at the
+   commit.
 """
 
 from __future__ import annotations
