@@ -277,10 +277,10 @@ class StateStore:
                 continue
             if not path.parent.is_dir():
                 path.parent.mkdir(parents=True, exist_ok=True)  # the root itself: not ours
-            try:
+            # Made here or, a moment ago, by another process that may not have flushed its
+            # parent yet: flushed here either way before anything is written into it.
+            with contextlib.suppress(FileExistsError):
                 self.sys.mkdir(str(path))
-            except FileExistsError:
-                continue  # another process made it (and flushes its parent)
             parents.add(str(path.parent))
         if self.fsync:
             for parent in sorted(parents):

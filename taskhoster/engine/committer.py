@@ -214,7 +214,7 @@ class Committer:
         self.thread: threading.Thread | None = None
         self.pid = os.getpid()
         self.shard = random.randrange(COUNT_SHARDS)
-        self.busy = False  # running a group
+        self.busy = False  # a group taken from the queue and not yet answered
 
     def submit(self, op: Op) -> None:
         with self.cond:
@@ -256,6 +256,7 @@ class Committer:
                 group.append(op)
                 size += op.size
             self.queued_items -= size
+            self.busy = True  # under the lock that took it: never idle to an onlooker between
             return group
 
     def _loop(self) -> None:
@@ -279,7 +280,6 @@ class Committer:
             started = time.perf_counter()
             if fault("committer.slow_group"):
                 time.sleep(slow_seconds())  # a test's stand-in for a disk that stalls
-            self.busy = True
             try:
                 run_group(group, self.shard)
                 metrics.count_group(len(group), time.perf_counter() - started)

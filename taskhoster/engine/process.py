@@ -115,6 +115,7 @@ class ChildCommitter:
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid = os.getpid()
         self.closing = False
+        atexit.register(self.close)
 
     def submit(self, op: Op) -> None:
         with self.cond:
@@ -176,7 +177,6 @@ class ChildCommitter:
             daemon=True,
         ).start()
         self.proc = started.result()
-        atexit.register(self.close)
 
     def close(self, timeout: float = STOP_SECONDS) -> None:
         """Let the committer process end as it would go idle, at this process's exit: its
