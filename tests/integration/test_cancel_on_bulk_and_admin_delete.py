@@ -19,14 +19,9 @@ import pytest
 
 from taskhoster.models import Item, Queue
 
-from .wsclient import connect, make_queue, post, recv, send, subscribe
+from .wsclient import admin_session, connect, make_queue, post, recv, send, subscribe
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def key(make_key):
-    return make_key()
 
 
 @pytest.fixture
@@ -35,34 +30,13 @@ def server(server_factory):
     return server_factory(TASKHOSTER_SOCKET_BACKSTOP_SECONDS="120")
 
 
-@pytest.fixture
-def http(server, key):
-    with httpx.Client(
-        base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=30
-    ) as client:
-        yield client
-
-
-def admin_session(server: Any) -> httpx.Client:
+def superuser_session(server: Any) -> httpx.Client:
     """A superuser's browser session with the real daphne's admin, logged in through the
     login form (CSRF cookie and token, as a browser sends them)."""
     from django.contrib.auth.models import User
 
     User.objects.create_user("op", password="pw", is_staff=True, is_superuser=True)
-    browser = httpx.Client(base_url=server.url, timeout=30)
-    login = "/admin/login/?next=/admin/"
-    browser.get(login)
-    answer = browser.post(
-        login,
-        data={
-            "username": "op",
-            "password": "pw",
-            "csrfmiddlewaretoken": browser.cookies["csrftoken"],
-            "next": "/admin/",
-        },
-    )
-    assert answer.status_code == 302, answer.text[:300]
-    return browser
+    return admin_session(server, "op")
 
 
 def remaining(ids: list[str]) -> set[str]:
@@ -132,7 +106,7 @@ def test_bulk_delete_by_status_sends_cancel_to_the_socket_holding_a_deleted_item
 
 def test_admin_delete_action_sends_cancel_to_the_socket_holding_a_deleted_item(server, http, key):
     make_queue(http)
-    browser = admin_session(server)
+    browser = superuser_session(server)
 
     async def run() -> None:
         ws, held = await held_item(server, key, http)
@@ -164,7 +138,7 @@ def test_admin_delete_matching_view_sends_cancel_to_the_socket_holding_a_deleted
 ):
     make_queue(http)
     make_queue(http, "other")
-    browser = admin_session(server)
+    browser = superuser_session(server)
     queue = Queue.objects.get(name="q", deleting=False).pk
 
     async def run() -> None:

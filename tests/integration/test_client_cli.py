@@ -25,11 +25,6 @@ CODE = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("P
 
 
 @pytest.fixture
-def key(make_key):
-    return make_key()
-
-
-@pytest.fixture
 def server(server_factory):
     return server_factory()
 

@@ -34,11 +34,6 @@ MAX_PAYLOAD = 64 * 1024
 
 
 @pytest.fixture
-def key(make_key):
-    return make_key()
-
-
-@pytest.fixture
 def server(server_factory):
     return server_factory(TASKHOSTER_MAX_PAYLOAD_BYTES=str(MAX_PAYLOAD))
 

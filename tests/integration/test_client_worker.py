@@ -36,11 +36,6 @@ WORKER_SCRIPT = Path(__file__).with_name("client_worker_proc.py")
 
 
 @pytest.fixture
-def key(make_key):
-    return make_key()
-
-
-@pytest.fixture
 def server(server_factory):
     return server_factory(TASKHOSTER_MAX_PAYLOAD_BYTES=str(MAX_PAYLOAD))
 

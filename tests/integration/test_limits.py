@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-import time
 from typing import Any
 
 import httpx
@@ -27,6 +25,7 @@ from .wsclient import (
     post,
     recv,
     send,
+    settled_metric,
     subscribe,
 )
 
@@ -46,11 +45,6 @@ LIMITS = {
 
 
 @pytest.fixture
-def key(make_key):
-    return make_key()
-
-
-@pytest.fixture
 def server(server_factory):
     return server_factory(
         DJANGO_SETTINGS_MODULE="tests.integration.limits_settings",
@@ -58,38 +52,8 @@ def server(server_factory):
     )
 
 
-@pytest.fixture
-def http(server, key):
-    with httpx.Client(
-        base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=10
-    ) as client:
-        yield client
-
-
 def code_of(response: httpx.Response) -> tuple[int, str]:
     return response.status_code, response.json()["error"]["code"]
-
-
-def claim_attempts(http: httpx.Client, queue: str) -> float:
-    text = http.get("/metrics").text
-    found = re.search(rf'^taskhoster_claim_attempts_total{{queue="{queue}"}} (\S+)$', text, re.M)
-    return float(found.group(1)) if found else 0.0
-
-
-def settled_claim_attempts(http: httpx.Client, queue: str, barrier: str) -> float:
-    """``claim_attempts`` once all the server handed its committer before this call is
-    counted: the committer counts each group after its commit and writes out all it has
-    counted at once (at most once a second, or when it idles). So two claims on ``barrier``
-    (a queue no socket serves), the second after the first was answered, in a later group
-    than the first and all before it: once the second shows, everything before does."""
-    base = claim_attempts(http, barrier)
-    for _ in range(2):
-        assert http.post(f"/api/queues/{barrier}/claim", json={}).json()["items"] == []
-    deadline = time.monotonic() + 30
-    while claim_attempts(http, barrier) < base + 2:
-        assert time.monotonic() < deadline, "the barrier's claims were never counted"
-        time.sleep(0.05)
-    return claim_attempts(http, queue)
 
 
 def string_of_json_bytes(size: int) -> str:
@@ -148,13 +112,13 @@ def test_every_socket_limit_comes_from_the_servers_settings(server, http, key):
         await assert_nothing_before(ws, PONG)
         # Three items for three free slots: one claim takes at most MAX_CLAIM (2), so the
         # dispatcher makes two (it made one of 3 when the cap was a constant 100).
-        before = settled_claim_attempts(http, "a", barrier="c")
+        before = settled_metric(http, "claim_attempts", "a", barrier="c")
         batch = [{"payload": n} for n in range(3)]
         answer = http.post("/api/queues/a/items", json={"items": batch}).json()
         pushed = [await recv(ws) for _ in range(3)]
         assert {f["id"] for f in pushed} == {i["id"] for i in answer["items"]}
         # The socket is full now: no claim for a can come after the pushes.
-        assert settled_claim_attempts(http, "a", barrier="c") - before == 2
+        assert settled_metric(http, "claim_attempts", "a", barrier="c") - before == 2
         result = {"type": "result", "id": pushed[0]["id"], "result": "x" * 1999}
         await send(ws, result)
         assert (await recv(ws))["code"] == "too_large"

@@ -31,7 +31,16 @@ import httpx
 import pytest
 
 from ..conftest import REPO, server_env
-from .wsclient import connect, make_queue, post, recv, status_of, subscribe
+from .wsclient import (
+    connect,
+    make_queue,
+    metric,
+    post,
+    recv,
+    status_of,
+    subscribe,
+    wait_for_metric,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -39,44 +48,16 @@ DEADLINE = 30
 
 
 @pytest.fixture
-def key(make_key):
-    return make_key()
-
-
-@pytest.fixture
 def server(server_factory):
     return server_factory(TASKHOSTER_SOCKET_BACKSTOP_SECONDS="120")
-
-
-@pytest.fixture
-def http(server, key):
-    with httpx.Client(
-        base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=30
-    ) as client:
-        yield client
-
-
-def counter(http: httpx.Client, name: str, queue: str = "q") -> float:
-    text = http.get("/metrics").text
-    found = re.search(rf'^taskhoster_{name}_total{{queue="{queue}"}} (\S+)$', text, re.M)
-    return float(found.group(1)) if found else 0.0
-
-
-def wait_for_counter(http: httpx.Client, name: str, value: float, queue: str = "q") -> None:
-    """Until ``/metrics`` shows ``value`` for the counter; never more."""
-    deadline = time.monotonic() + DEADLINE
-    while (seen := counter(http, name, queue)) != value:
-        assert seen < value, f"{name}: {seen}, more than the expected {value}"
-        assert time.monotonic() < deadline, f"{name}: {seen} after {DEADLINE} s, not {value}"
-        time.sleep(0.1)
 
 
 def barrier(http: httpx.Client) -> None:
     """Wait until the server's counts made so far are in ``/metrics``: one more claim of an
     empty queue, waited for there (the process flushes all its counts at once)."""
-    before = counter(http, "claim_attempts", "barrier")
+    before = metric(http, "claim_attempts", "barrier")
     assert http.post("/api/queues/barrier/claim", json={}).json() == {"items": []}
-    wait_for_counter(http, "claim_attempts", before + 1, "barrier")
+    wait_for_metric(http, "claim_attempts", before + 1, "barrier")
 
 
 def sweep_until(manage, what: str, expected: int) -> int:
@@ -100,8 +81,8 @@ def test_a_socket_dropped_while_holding_an_item_counts_one_requeue(server, http,
     make_queue(http)
     make_queue(http, "barrier")
     barrier(http)
-    requeues = counter(http, "requeues")
-    timeouts = counter(http, "timeouts")
+    requeues = metric(http, "requeues")
+    timeouts = metric(http, "timeouts")
 
     async def run() -> str:
         ws = await connect(server, key)
@@ -120,28 +101,28 @@ def test_a_socket_dropped_while_holding_an_item_counts_one_requeue(server, http,
     while status_of(http, item)["status"] != "pending":
         assert time.monotonic() < deadline, "the dropped socket's item was not re-queued"
         time.sleep(0.05)
-    wait_for_counter(http, "requeues", requeues + 1)
+    wait_for_metric(http, "requeues", requeues + 1)
     barrier(http)
-    assert counter(http, "requeues") == requeues + 1
-    assert counter(http, "timeouts") == timeouts
+    assert metric(http, "requeues") == requeues + 1
+    assert metric(http, "timeouts") == timeouts
 
 
 def test_a_lease_that_lapses_counts_one_requeue_from_the_sweep(server, http, manage):
     make_queue(http, leaseSeconds=0.5)
     make_queue(http, "barrier")
     barrier(http)
-    requeues = counter(http, "requeues")
-    timeouts = counter(http, "timeouts")
+    requeues = metric(http, "requeues")
+    timeouts = metric(http, "timeouts")
     item = post(http, "x")
     claimed = http.post("/api/queues/q/claim", json={}).json()["items"]
     assert [c["id"] for c in claimed] == [item]
 
     assert sweep_until(manage, "lapsed lease(s) re-queued", 1) == 1
     assert status_of(http, item)["status"] == "pending"
-    wait_for_counter(http, "requeues", requeues + 1)
+    wait_for_metric(http, "requeues", requeues + 1)
     barrier(http)
-    assert counter(http, "requeues") == requeues + 1
-    assert counter(http, "timeouts") == timeouts
+    assert metric(http, "requeues") == requeues + 1
+    assert metric(http, "timeouts") == timeouts
 
 
 def timed_out_pair(http: httpx.Client) -> tuple[str, str]:
@@ -189,19 +170,19 @@ def running_sweep(state_root: Path) -> Iterator[subprocess.Popen[bytes]]:
 def test_items_past_the_queue_timeout_count_timeouts_from_a_running_sweep(server, http, state_root):
     make_queue(http, "barrier")
     barrier(http)
-    requeues = counter(http, "requeues")
-    timeouts = counter(http, "timeouts")
-    failures = counter(http, "failures")
+    requeues = metric(http, "requeues")
+    timeouts = metric(http, "timeouts")
+    failures = metric(http, "failures")
     held, waiting = timed_out_pair(http)
 
     with running_sweep(state_root):
         assert_timed_out(http, (held, waiting))
-        wait_for_counter(http, "timeouts", timeouts + 2)
-        wait_for_counter(http, "failures", failures + 2)
+        wait_for_metric(http, "timeouts", timeouts + 2)
+        wait_for_metric(http, "failures", failures + 2)
     barrier(http)
-    assert counter(http, "timeouts") == timeouts + 2
-    assert counter(http, "failures") == failures + 2
-    assert counter(http, "requeues") == requeues
+    assert metric(http, "timeouts") == timeouts + 2
+    assert metric(http, "failures") == failures + 2
+    assert metric(http, "requeues") == requeues
 
 
 def test_items_past_the_queue_timeout_count_timeouts_from_a_one_shot_sweep(server, http, manage):
@@ -209,16 +190,16 @@ def test_items_past_the_queue_timeout_count_timeouts_from_a_one_shot_sweep(serve
     the process ends as soon as it is done."""
     make_queue(http, "barrier")
     barrier(http)
-    requeues = counter(http, "requeues")
-    timeouts = counter(http, "timeouts")
-    failures = counter(http, "failures")
+    requeues = metric(http, "requeues")
+    timeouts = metric(http, "timeouts")
+    failures = metric(http, "failures")
     held, waiting = timed_out_pair(http)
 
     assert sweep_until(manage, "item(s) timed out", 2) == 2
     assert_timed_out(http, (held, waiting))
-    wait_for_counter(http, "failures", failures + 2)
-    wait_for_counter(http, "timeouts", timeouts + 2)
+    wait_for_metric(http, "failures", failures + 2)
+    wait_for_metric(http, "timeouts", timeouts + 2)
     barrier(http)
-    assert counter(http, "timeouts") == timeouts + 2
-    assert counter(http, "failures") == failures + 2
-    assert counter(http, "requeues") == requeues
+    assert metric(http, "timeouts") == timeouts + 2
+    assert metric(http, "failures") == failures + 2
+    assert metric(http, "requeues") == requeues

@@ -16,24 +16,26 @@ restart's news, not by a timer: no timing is asserted beyond that deadline.
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
-import time
 from typing import Any
 
 import httpx
 import pytest
 
-from .wsclient import connect, make_queue, post, recv, send, subscribe
+from .wsclient import (
+    admin_session,
+    connect,
+    make_queue,
+    post,
+    recv,
+    send,
+    subscribe,
+    wait_for_metric,
+)
 
 pytestmark = pytest.mark.slow
 
 DEADLINE = 30  # seconds; the timers that could also deliver the item are 60 s and longer
-
-
-@pytest.fixture
-def key(make_key):
-    return make_key()
 
 
 @pytest.fixture
@@ -58,20 +60,11 @@ def browser(server):
     from django.contrib.auth.models import User
 
     User.objects.create_user("op", password="pw", is_staff=True, is_superuser=True)
-    with httpx.Client(base_url=server.url, timeout=30) as client:
-        login = "/admin/login/?next=/admin/"
-        client.get(login)
-        answer = client.post(
-            login,
-            data={
-                "username": "op",
-                "password": "pw",
-                "csrfmiddlewaretoken": client.cookies["csrftoken"],
-                "next": "/admin/",
-            },
-        )
-        assert answer.status_code == 302, answer.text[:300]
+    client = admin_session(server, "op")
+    try:
         yield client
+    finally:
+        client.close()
 
 
 def restart(how: str, http: httpx.Client, browser: httpx.Client | None, item: str) -> None:
@@ -92,22 +85,6 @@ def restart(how: str, http: httpx.Client, browser: httpx.Client | None, item: st
         },
     )
     assert answer.status_code == 302, answer.text[:500]
-
-
-def claim_attempts(http: httpx.Client, queue: str = "q") -> float:
-    text = http.get("/metrics").text
-    found = re.search(rf'^taskhoster_claim_attempts_total{{queue="{queue}"}} (\S+)$', text, re.M)
-    return float(found.group(1)) if found else 0.0
-
-
-def wait_for_claim_attempts(http: httpx.Client, value: float) -> None:
-    """Until ``/metrics`` counts ``value`` claim attempts of ``q`` (counters are written
-    behind the claims, within a second or so)."""
-    deadline = time.monotonic() + DEADLINE
-    while (seen := claim_attempts(http)) != value:
-        assert seen < value, f"{seen} claim attempts, more than the {value} made"
-        assert time.monotonic() < deadline, f"{seen} claim attempts, not {value}"
-        time.sleep(0.1)
 
 
 def failed_item(http: httpx.Client) -> str:
@@ -157,7 +134,7 @@ def test_restart_answers_a_waiting_claim_long_poll_at_once(request, server, http
     make_queue(http)
     browser = request.getfixturevalue("browser") if how == "admin" else None
     item = failed_item(http)
-    wait_for_claim_attempts(http, 1)
+    wait_for_metric(http, "claim_attempts", 1)
 
     answers: dict[str, Any] = {}
 
@@ -176,7 +153,7 @@ def test_restart_answers_a_waiting_claim_long_poll_at_once(request, server, http
     poller = threading.Thread(target=long_poll, daemon=True)
     poller.start()
     # Its first claim found nothing: it is waiting now.
-    wait_for_claim_attempts(http, 2)
+    wait_for_metric(http, "claim_attempts", 2)
     assert poller.is_alive()
 
     restart(how, http, browser, item)

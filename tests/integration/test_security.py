@@ -28,7 +28,16 @@ from taskhoster.models import ApiKey, Item
 
 from ..conftest import Server
 from .test_processes import needs_shared
-from .wsclient import PONG, assert_nothing_before, connect, ping, recv, send, subscribe
+from .wsclient import (
+    PONG,
+    admin_session,
+    assert_nothing_before,
+    connect,
+    ping,
+    recv,
+    send,
+    subscribe,
+)
 
 pytestmark = pytest.mark.slow
 REDIS_URL = os.environ.get("REDIS_URL", "")
@@ -685,24 +694,6 @@ def test_a_socket_that_does_not_read_gets_at_most_max_socket_held_bytes(server_f
     assert 16 <= held <= 17, f"{held} items pushed to a socket holding 16 MiB"
 
 
-def _admin_session(server: Server, username: str) -> httpx.Client:
-    """A browser's session with a real daphne's admin: logged in through the login form."""
-    http = httpx.Client(base_url=server.url, timeout=30)
-    login = "/admin/login/?next=/admin/"
-    http.get(login)
-    answer = http.post(
-        login,
-        data={
-            "username": username,
-            "password": "pw",
-            "csrfmiddlewaretoken": http.cookies["csrftoken"],
-            "next": "/admin/",
-        },
-    )
-    assert answer.status_code == 302, answer.text[:300]
-    return http
-
-
 def test_a_view_only_staff_user_changes_nothing_through_a_real_daphne(server_factory):
     """Finding 6, against a real daphne: a staff user with only view permissions posts the
     delete and restart actions, delete-matching and the key revocation, as a browser would;
@@ -719,7 +710,7 @@ def test_a_view_only_staff_user_changes_nothing_through_a_real_daphne(server_fac
         Permission.objects.filter(codename__in=["view_item", "view_queue", "view_apikey"])
     )
     server = server_factory()
-    http = _admin_session(server, "viewer")
+    http = admin_session(server, "viewer")
     try:
         items = "/admin/taskhoster/item/"
         page = http.get(items)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import websockets
 from .wsclient import (
     PONG,
     assert_nothing_before,
+    committed,
     connect,
     item_of,
     make_queue,
@@ -25,6 +25,7 @@ from .wsclient import (
     post,
     recv,
     send,
+    settled_metric,
     status_of,
     subscribe,
     ws_url,
@@ -34,54 +35,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def key(make_key):
-    return make_key()
-
-
-@pytest.fixture
 def server(server_factory):
     # A long backstop proves that wake-ups are pushed, not found by the periodic re-check.
     return server_factory(TASKHOSTER_SOCKET_BACKSTOP_SECONDS="60")
-
-
-@pytest.fixture
-def http(server, key):
-    with httpx.Client(
-        base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=10
-    ) as client:
-        yield client
-
-
-def metric(http, name, queue="q"):
-    text = http.get("/metrics").text
-    match = re.search(rf'^taskhoster_{name}_total{{queue="{queue}"}} (\S+)$', text, re.M)
-    return float(match.group(1)) if match else 0.0
-
-
-def committed(http):
-    """Return once all the server handed its committer before this call is committed (the
-    claim a subscription made, say): a claim on a queue of its own is answered at its
-    group's commit, which comes no earlier than theirs."""
-    make_queue(http, "barrier")
-    assert http.post("/api/queues/barrier/claim", json={}).json()["items"] == []
-
-
-def settled_metric(http, name, queue="q"):
-    """``metric`` once all the server handed its committer before this call is counted in it.
-
-    The committer counts each group after its commit and writes the counts out later (at most
-    once a second, or when it idles), all that it has counted at once. So two claims on a
-    queue of their own, the second made after the first was answered (a later group than
-    the first and all before it): once the second shows, everything before the first does."""
-    make_queue(http, "barrier")
-    base = metric(http, "claim_attempts", "barrier")
-    for _ in range(2):
-        assert http.post("/api/queues/barrier/claim", json={}).json()["items"] == []
-    deadline = time.monotonic() + 30
-    while metric(http, "claim_attempts", "barrier") < base + 2:
-        assert time.monotonic() < deadline, "the barrier's claims were never counted"
-        time.sleep(0.05)
-    return metric(http, name, queue)
 
 
 def test_socket_without_key_is_refused_with_close_code_4401(server):

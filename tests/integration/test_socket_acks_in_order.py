@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import httpx
 import pytest
 
 from .wsclient import connect, make_queue, post, recv, send, status_of, subscribe
@@ -21,21 +20,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def key(make_key):
-    return make_key()
-
-
-@pytest.fixture
 def server(server_factory):
     return server_factory()
-
-
-@pytest.fixture
-def http(server, key):
-    with httpx.Client(
-        base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=30
-    ) as client:
-        yield client
 
 
 def test_each_result_fail_and_extend_gets_one_ack_in_the_order_sent(server, http, key):

@@ -24,11 +24,6 @@ from .wsclient import connect, recv, send, subscribe
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def key(make_key):
-    return make_key()
-
-
 def _client(server, key):
     return httpx.Client(base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=10)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
 
 from taskhoster.client import AsyncProducer, Job, PermanentError, Worker
@@ -33,22 +32,9 @@ LEASE_SECONDS = 1
 
 
 @pytest.fixture
-def key(make_key):
-    return make_key()
-
-
-@pytest.fixture
 def server(server_factory):
     # A long backstop: nothing is pushed by the periodic re-check, only by news.
     return server_factory(TASKHOSTER_SOCKET_BACKSTOP_SECONDS="60")
-
-
-@pytest.fixture
-def http(server, key):
-    with httpx.Client(
-        base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=10
-    ) as client:
-        yield client
 
 
 async def frames(ws, n):

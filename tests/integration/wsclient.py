@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -154,3 +156,82 @@ def post(http: Any, payload: Any, queue: str = "q", **extra: Any) -> str:
 def status_of(http: Any, item_id: str) -> dict[str, Any]:
     """The item as ``GET /api/items/{id}`` shows it."""
     return dict(http.get(f"/api/items/{item_id}").json())
+
+
+# -- /metrics, as a test reads it over HTTP -------------------------------------------------------
+
+
+def metric(http: Any, name: str, queue: str = "q") -> float:
+    """A counter of ``/metrics`` for one queue (0 before it is first written)."""
+    text = http.get("/metrics").text
+    found = re.search(rf'^taskhoster_{name}_total{{queue="{queue}"}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def wait_for_metric(
+    http: Any, name: str, value: float, queue: str = "q", within: float = 30
+) -> None:
+    """Until ``/metrics`` shows ``value`` for the counter (written behind the work, within a
+    second or so); never more than it."""
+    deadline = time.monotonic() + within
+    while (seen := metric(http, name, queue)) != value:
+        assert seen < value, f"{name}: {seen}, more than the expected {value}"
+        assert time.monotonic() < deadline, f"{name}: {seen} after {within} s, not {value}"
+        time.sleep(0.1)
+
+
+def committed(http: Any, barrier: str = "barrier") -> None:
+    """Return once all the server handed its committer before this call is committed (the
+    claim a subscription made, say): a claim on a queue of its own is answered at its
+    group's commit, which comes no earlier than theirs."""
+    ensure_queue(http, barrier)
+    assert http.post(f"/api/queues/{barrier}/claim", json={}).json()["items"] == []
+
+
+def settled_metric(http: Any, name: str, queue: str = "q", barrier: str = "barrier") -> float:
+    """``metric`` once all the server handed its committer before this call is counted in it.
+
+    The committer counts each group after its commit and writes the counts out later (at most
+    once a second, or when it idles), all that it has counted at once. So two claims on
+    ``barrier`` (a queue no socket serves), the second made after the first was answered (a
+    later group than the first and all before it): once the second shows, everything before
+    the first does."""
+    ensure_queue(http, barrier)
+    base = metric(http, "claim_attempts", barrier)
+    for _ in range(2):
+        assert http.post(f"/api/queues/{barrier}/claim", json={}).json()["items"] == []
+    deadline = time.monotonic() + 30
+    while metric(http, "claim_attempts", barrier) < base + 2:
+        assert time.monotonic() < deadline, "the barrier's claims were never counted"
+        time.sleep(0.05)
+    return metric(http, name, queue)
+
+
+def ensure_queue(http: Any, name: str) -> None:
+    """Create the queue with the defaults, unless it exists (its settings are left alone)."""
+    if http.get(f"/api/queues/{name}").status_code == 404:
+        make_queue(http, name)
+
+
+# -- the admin, as a browser uses it ---------------------------------------------------------------
+
+
+def admin_session(server: Any, username: str, password: str = "pw") -> Any:
+    """An ``httpx.Client`` holding a browser's session with a real daphne's admin, logged in
+    through the login form (CSRF cookie and token, as a browser sends them)."""
+    import httpx
+
+    browser = httpx.Client(base_url=server.url, timeout=30)
+    login = "/admin/login/?next=/admin/"
+    browser.get(login)
+    answer = browser.post(
+        login,
+        data={
+            "username": username,
+            "password": password,
+            "csrfmiddlewaretoken": browser.cookies["csrftoken"],
+            "next": "/admin/",
+        },
+    )
+    assert answer.status_code == 302, answer.text[:300]
+    return browser
