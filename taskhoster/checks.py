@@ -8,7 +8,7 @@ project's settings as they are and changes nothing. Three look further:
   and a read-only mount or sysfs refuses even root;
 - the route check imports ``ASGI_APPLICATION``, as Django's URL checks import
   ``ROOT_URLCONF``, holding back the committer a server module may start at import
-  (``committer.hold_start``), so checking starts no process;
+  (``engine.hold_start``), so checking starts no process;
 - the one that asks Redis to answer talks to a server, so it runs only with ``--deploy``,
   and waits at most ``REDIS_TIMEOUT_SECONDS``.
 
@@ -61,6 +61,7 @@ def register() -> None:
     checks.register(check_settings, TAG)
     checks.register(check_state_root, TAG)
     checks.register(check_durability, TAG)
+    checks.register(check_time_zone, TAG)
     checks.register(check_processes, TAG)
     checks.register(check_redis_url, TAG)
     checks.register(check_redis_answers, TAG, deploy=True)
@@ -283,6 +284,21 @@ def check_durability(app_configs: Sequence[AppConfig] | None = None, **kwargs: A
     ]
 
 
+def check_time_zone(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> Messages:
+    """The engine's times are aware UTC (``timeutil.now``) and compared with what the index
+    holds: with ``USE_TZ`` off, Django would hand it naive times to compare them with."""
+    if getattr(settings, "USE_TZ", False):
+        return []
+    return [
+        checks.Error(
+            "USE_TZ is False: Taskhoster keeps every time in UTC, aware, and the database "
+            "would give it naive times to compare them with.",
+            hint="Set USE_TZ = True (Django's default since 5.0).",
+            id=_id("E015"),
+        )
+    ]
+
+
 # -- several processes, the database and Redis -----------------------------------------------
 
 
@@ -404,10 +420,10 @@ def check_work_route(app_configs: Sequence[AppConfig] | None = None, **kwargs: A
                 id=_id("W006"),
             )
         ]
-    from .engine import committer
+    from .engine import hold_start
 
     try:
-        with committer.hold_start():
+        with hold_start():
             application = import_string(str(path))
     except Exception as exc:
         return [

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from django.utils import timezone
-
 
 def now() -> datetime:
-    return timezone.now()
+    """Now, aware, in UTC (what ``django.utils.timezone.now`` gives under ``USE_TZ``; the
+    engine's times are UTC whatever the project's setting)."""
+    return datetime.now(UTC)
 
 
 def to_wire(value: datetime | None) -> str | None:

@@ -29,6 +29,7 @@ from .common import seconds
 from .pacing import Pacer, background
 from .removal import reclaim_deleted_queues
 from .rows import ITEM, adapt_time
+from .rules import Clock
 from .transitions import apply_clock
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ def _walk(queryset: QuerySet[Item], column: str, pacer: Pacer) -> Iterator[list[
 
 
 def _clock(
-    queryset: QuerySet[Item], column: str, clock: str, at: datetime, report: SweepReport
+    queryset: QuerySet[Item], column: str, clock: Clock, at: datetime, report: SweepReport
 ) -> int:
     """One clock over every item it applies to, paced: background work (``pacing``)."""
     chunk = get_conf().sweep_chunk
@@ -93,7 +94,7 @@ def _clock(
     return changed
 
 
-def _apply(ids: list[str], clock: str, at: datetime, report: SweepReport) -> int:
+def _apply(ids: list[str], clock: Clock, at: datetime, report: SweepReport) -> int:
     """Apply one clock to a chunk; a chunk that cannot be changed is logged and passed over,
     so it never stops the sweep for every other item."""
     try:
@@ -143,7 +144,7 @@ def sweep(*, at: datetime | None = None) -> SweepReport:
     at = at or utcnow()
     report = SweepReport()
     lapsed = Item.objects.filter(status=Status.PROCESSING, lease_expires_at__lte=at)
-    report.requeued += _clock(lapsed, "lease_expires_at", "lapse", at, report)
+    report.requeued += _clock(lapsed, "lease_expires_at", Clock.LAPSE, at, report)
     queues = list(Queue.objects.filter(deleting=False))
     report.queues = len(queues)
     due = _queues_with_work(queues, at)
@@ -153,13 +154,13 @@ def sweep(*, at: datetime | None = None) -> SweepReport:
         aged = Item.objects.filter(
             queue=queue, status__in=LIVE_STATUSES, posted_at__lte=at - seconds(queue.queue_seconds)
         )
-        report.timed_out += _clock(aged, "posted_at", "timeout", at, report)
+        report.timed_out += _clock(aged, "posted_at", Clock.TIMEOUT, at, report)
         column = "finished_at" if queue.retain_from == RetainFrom.FINISHED else "fetched_at"
         retained = Item.objects.filter(
             queue=queue,
             status__in=TERMINAL_STATUSES,
             **{f"{column}__lte": at - seconds(queue.retain_seconds)},
         )
-        report.retained += _clock(retained, column, "retain", at, report)
+        report.retained += _clock(retained, column, Clock.RETAIN, at, report)
     report.reclaimed += reclaim_deleted_queues()
     return report

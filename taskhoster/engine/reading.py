@@ -1,10 +1,12 @@
 """Reads: one item (a producer's read starts the ``fetched`` retention clock), long-poll for a
-verdict, pages of items, and live counts per status (kept by every group: flat however many
-items a queue holds)."""
+verdict, pages of items, live counts per status (kept by every group: flat however many items a
+queue holds), which queues are live and which one an item is in, and where the state root is."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from django.db import connection
@@ -18,7 +20,7 @@ from ..status import Status
 from ..store import FileMissing, Record
 from . import rows as sql
 from .common import store
-from .rows import ItemRow
+from .rules import ItemRow
 from .transitions import mark_fetched
 
 
@@ -33,6 +35,33 @@ def get_row(item_id: str) -> ItemRow | None:
         return None
     found.queue_name = queue[0]
     return found
+
+
+def item_queue(item_id: str) -> str | None:
+    """The name of the item's queue; None if the item does not exist or its queue is being
+    deleted."""
+    return (
+        Item.objects.filter(id=item_id, queue__deleting=False)
+        .values_list("queue__name", flat=True)
+        .first()
+    )
+
+
+def live_queues() -> list[Queue]:
+    """Every queue, but those being deleted."""
+    return list(Queue.objects.filter(deleting=False))
+
+
+def live_queue_names(names: Iterable[str]) -> list[str]:
+    """Those of ``names`` that are queues, not being deleted."""
+    return list(
+        Queue.objects.filter(name__in=list(names), deleting=False).values_list("name", flat=True)
+    )
+
+
+def store_root() -> Path:
+    """The state root of this process's store (resolved): where the item files are."""
+    return store().root
 
 
 def get_item(*, item_id: str, producer_read: bool = False) -> tuple[ItemRow, Record]:

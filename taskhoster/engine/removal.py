@@ -28,9 +28,9 @@ from ..models import Item, Queue, QueueCount, Thread
 from ..status import Status
 from ..store import StoreError, write_queue_settings
 from . import reclaim
+from . import rows as sql
 from .committer import execute
 from .common import store
-from .group import QUEUE_LOCK_CLASS
 from .ops import Reclaim
 from .pacing import Pacer
 from .queues import queue_settings
@@ -82,12 +82,8 @@ def delete_queue(*, queue_name: str) -> None:
             )
             if queue is None:
                 raise QueueNotFound(f"queue {queue_name!r} does not exist")
-            if connection.vendor == "postgresql":
-                # Wait for groups writing into this queue's directory (they hold it shared).
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        "SELECT pg_advisory_xact_lock(%s, %s)", [QUEUE_LOCK_CLASS, queue.id]
-                    )
+            # Wait for groups writing into this queue's directory (they hold it shared).
+            sql.lock_queue_exclusive(queue.id)
             Queue.objects.filter(id=queue.id).update(deleting=True)
             # Queues that sent their dead letters here stop doing so, visibly.
             for other in Queue.objects.filter(dead_letter_queue=queue_name, deleting=False):

@@ -12,13 +12,16 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection
 
-from ..status import Status
+from ..errors import Conflict
+from ..status import RetainFrom, Status
+from .queues import QUEUE_SETTINGS
+from .rules import ItemRow, QueueInfo, ThreadState
 
 ITEM = "taskhoster_item"
 THREAD = "taskhoster_thread"
@@ -61,56 +64,87 @@ TIME_COLUMNS = frozenset(
 SELECT_COLUMNS = ", ".join(f'"{c}"' for c in COLUMNS)
 
 
-@dataclass(slots=True, eq=False)
-class ItemRow:
-    """An item's index row, as the engine reads and changes it (field names as the model's).
-
-    ``dirty`` names the columns changed since it was read, so only they are written back.
-    """
-
-    id: str
-    queue_id: int
-    status: str
-    eligible: bool
-    thread_id: str | None
-    key: str | None
-    seq: str
-    scheduled_at: datetime
-    posted_at: datetime
-    attempts: int
-    lease: str | None
-    lease_expires_at: datetime | None
-    claimed_at: datetime | None
-    finished_at: datetime | None
-    fetched_at: datetime | None
-    error: str | None
-    origin: Any
-    dead_letter: str | None
-    rev: int
-    updated_at: datetime
-    queue_name: str = ""
-    dirty: set[str] = field(default_factory=set)
-
-    def set(self, **values: Any) -> None:
-        for name, value in values.items():
-            if getattr(self, name) != value:
-                setattr(self, name, value)
-                self.dirty.add(name)
-
-    @property
-    def is_terminal(self) -> bool:
-        return Status(self.status).is_terminal
-
-    def snapshot(self) -> ItemRow:
-        """A copy as the row is now, for an answer that later changes must not reach."""
-        return replace(self, dirty=set())
-
-
 # -- values in and out -----------------------------------------------------------------------
 
 
-def _is_sqlite() -> bool:
-    return connection.vendor == "sqlite"
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between the databases the engine runs on, declared once a database
+    (``SQLITE``, ``POSTGRESQL``); ``dialect`` gives the connection's."""
+
+    vendor: str
+    # Rows read to change are locked (PostgreSQL); SQLite's IMMEDIATE write transaction
+    # already serialises writers.
+    lock: str
+    # A claim passes rows that another claimer holds.
+    skip_locked: str
+    # How a JSON value is bound in an INSERT.
+    json_mark: str
+    # Times are stored as naive UTC text (SQLite).
+    naive_times: bool
+    # Many rows are updated in one ``UPDATE ... FROM (VALUES ...)`` (else ``executemany``).
+    update_from_values: bool
+    # Queue directories are guarded by advisory locks (PostgreSQL).
+    advisory_locks: bool
+
+
+SQLITE = Dialect(
+    vendor="sqlite",
+    lock="",
+    skip_locked="",
+    json_mark="%s",
+    naive_times=True,
+    update_from_values=False,
+    advisory_locks=False,
+)
+POSTGRESQL = Dialect(
+    vendor="postgresql",
+    lock=" FOR UPDATE",
+    skip_locked=" FOR UPDATE SKIP LOCKED",
+    json_mark="%s::jsonb",
+    naive_times=False,
+    update_from_values=True,
+    advisory_locks=True,
+)
+
+
+# Any other database Django speaks: row locks and casts as PostgreSQL's, no advisory locks.
+OTHER = replace(POSTGRESQL, vendor="other", advisory_locks=False)
+DIALECTS = {d.vendor: d for d in (SQLITE, POSTGRESQL)}
+
+
+def dialect() -> Dialect:
+    """The dialect of the database the engine's connection is on: every difference between
+    the databases is one of its fields, and the SQL here reads it instead of asking which
+    database it is."""
+    return DIALECTS.get(connection.vendor, OTHER)
+
+
+# PostgreSQL advisory lock class for queues: groups hold it shared, deleting a queue
+# exclusive, so no group writes into a queue's directory while it is being taken away.
+QUEUE_LOCK_CLASS = 7331
+
+
+def lock_queues_shared(queue_ids: Iterable[int]) -> None:
+    """A group's hold on the directories of the queues it writes into (in id order)."""
+    if not dialect().advisory_locks:
+        return
+    with connection.cursor() as cursor:
+        for queue_id in sorted(queue_ids):
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock_shared(%s, %s)", [QUEUE_LOCK_CLASS, queue_id]
+            )
+
+
+def lock_queue_exclusive(queue_id: int) -> None:
+    """A queue's deletion waits for the groups writing into its directory."""
+    if not dialect().advisory_locks:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [QUEUE_LOCK_CLASS, queue_id])
+
+
+# -- values in and out -----------------------------------------------------------------------
 
 
 def adapt_time(value: datetime | None) -> Any:
@@ -118,19 +152,17 @@ def adapt_time(value: datetime | None) -> Any:
     UTC text; the engine's times are always UTC, which takes the short way)."""
     if value is None:
         return None
-    if value.tzinfo is UTC and _is_sqlite():
+    if value.tzinfo is UTC and dialect().naive_times:
         return str(value.replace(tzinfo=None))
     return connection.ops.adapt_datetimefield_value(value)
 
 
-def read_time(value: Any) -> datetime | None:
+def read_time(value: object) -> datetime | None:
     if value is None:
         return None
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    if value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value
+    found = datetime.fromisoformat(value) if isinstance(value, str) else value
+    assert isinstance(found, datetime)
+    return found if found.tzinfo is not None else found.replace(tzinfo=UTC)
 
 
 def adapt_json(value: Any) -> Any:
@@ -169,7 +201,7 @@ def _row(values: Sequence[Any], queue_name: str = "") -> ItemRow:
     return ItemRow(
         id=item_id,
         queue_id=queue_id,
-        status=status,
+        status=Status(status),
         eligible=bool(eligible),
         thread_id=thread_id,
         key=key,
@@ -216,7 +248,7 @@ def select_rows(ids: Iterable[str], *, lock: bool) -> dict[str, ItemRow]:
     """The rows of ``ids`` that exist, locked in id order when ``lock`` (PostgreSQL)."""
     wanted = sorted(set(ids))
     found: dict[str, ItemRow] = {}
-    suffix = " ORDER BY id FOR UPDATE" if lock and not _is_sqlite() else ""
+    suffix = f" ORDER BY id{dialect().lock}" if lock and dialect().lock else ""
     with connection.cursor() as cursor:
         for chunk in _chunks(wanted):
             cursor.execute(
@@ -258,7 +290,7 @@ def claim_query(
         where = f" AND id NOT IN ({_placeholders(len(skip))})"
         params.extend(skip)
     params.append(limit)
-    lock = "" if _is_sqlite() else " FOR UPDATE SKIP LOCKED"
+    lock = dialect().skip_locked
     # ``eligible`` bare, as in the partial index's condition, so the planner uses it.
     query = (
         f"SELECT {SELECT_COLUMNS} FROM {ITEM} WHERE eligible AND queue_id = %s "
@@ -293,23 +325,13 @@ def existing_keys(queue_id: int, keys: Iterable[str]) -> dict[str, ItemRow]:
     return found
 
 
-QUEUE_COLUMNS = (
-    "id",
-    "name",
-    "lease_seconds",
-    "queue_seconds",
-    "retain_seconds",
-    "retain_from",
-    "max_attempts",
-    "backoff_seconds",
-    "backoff_max_seconds",
-    "dead_letter_queue",
-    "deleting",
-)
+# The queue's settings as the engine reads them (``rules.QueueInfo``, whose fields are these
+# in this order): each declared once, in ``queues.QUEUE_SETTINGS``.
+QUEUE_COLUMNS = ("id", "name", *(s.field for s in QUEUE_SETTINGS), "deleting")
 
 
-def select_queues(*, names: Sequence[str] = (), ids: Sequence[int] = ()) -> list[tuple[Any, ...]]:
-    """Queue settings (``QUEUE_COLUMNS``) of the live queues named, and of the ids given."""
+def select_queues(*, names: Sequence[str] = (), ids: Sequence[int] = ()) -> list[QueueInfo]:
+    """The settings of the live queues named, and of the queues of the ids given."""
     if not names and not ids:
         return []
     where = []
@@ -323,7 +345,14 @@ def select_queues(*, names: Sequence[str] = (), ids: Sequence[int] = ()) -> list
     columns = ", ".join(f'"{c}"' for c in QUEUE_COLUMNS)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {columns} FROM {QUEUE} WHERE {' OR '.join(where)}", params)
-        return [(*row[:-1], bool(row[-1])) for row in cursor.fetchall()]
+        return [_queue(row) for row in cursor.fetchall()]
+
+
+def _queue(values: Sequence[Any]) -> QueueInfo:
+    found = dict(zip(QUEUE_COLUMNS, values, strict=True))
+    found["retain_from"] = RetainFrom(found["retain_from"])
+    found["deleting"] = bool(found["deleting"])
+    return QueueInfo(**found)
 
 
 def next_due(queue_names: Sequence[str]) -> dict[str, datetime]:
@@ -348,6 +377,9 @@ def next_due(queue_names: Sequence[str]) -> dict[str, datetime]:
 
 
 def first_pending_member(queue_id: int, thread_id: str) -> str | None:
+    """A thread's head as the index orders the line (``rules.thread_head``: earliest
+    ``scheduled_at``, then arrival, ``rules.line_order``; the real-engine model test holds
+    the two to each other)."""
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT id FROM {ITEM} WHERE queue_id = %s AND thread_id = %s AND status = %s "
@@ -365,7 +397,8 @@ def insert_rows(rows: Sequence[ItemRow]) -> None:
     if not rows:
         return
     columns = ", ".join(f'"{c}"' for c in COLUMNS)
-    marks = ", ".join("%s::jsonb" if c == "origin" and not _is_sqlite() else "%s" for c in COLUMNS)
+    json_mark = dialect().json_mark
+    marks = ", ".join(json_mark if c == "origin" else "%s" for c in COLUMNS)
     with connection.cursor() as cursor:
         cursor.executemany(
             f"INSERT INTO {ITEM} ({columns}) VALUES ({marks})",
@@ -385,7 +418,7 @@ def update_rows(rows: Iterable[ItemRow]) -> None:
             row.dirty = set()
     with connection.cursor() as cursor:
         for columns, members in shapes.items():
-            if not _is_sqlite():
+            if dialect().update_from_values:
                 for chunk in _chunks(members):
                     _update_from_values(cursor, columns, chunk)
                 continue
@@ -431,9 +464,9 @@ def delete_rows(ids: Sequence[str]) -> None:
             )
 
 
-def delete_rows_of_queue(queue_id: int, ids: Sequence[str]) -> list[str]:
+def delete_rows_of_queue(queue_id: int, ids: Sequence[str]) -> list[Status]:
     """Delete the rows ``ids`` of one queue; the status of each row that went."""
-    gone: list[str] = []
+    gone: list[Status] = []
     with connection.cursor() as cursor:
         for chunk in _chunks(list(ids)):
             cursor.execute(
@@ -441,8 +474,102 @@ def delete_rows_of_queue(queue_id: int, ids: Sequence[str]) -> list[str]:
                 f"AND id IN ({_placeholders(len(chunk))}) RETURNING status",
                 [queue_id, *chunk],
             )
-            gone += [status for (status,) in cursor.fetchall()]
+            gone += [Status(status) for (status,) in cursor.fetchall()]
     return gone
+
+
+# -- threads -----------------------------------------------------------------------------------
+
+THREAD_COLUMNS = "id, queue_id, thread_id, member_count, processing_item, head_item"
+
+
+def _thread(values: Sequence[Any], queue_names: dict[int, str]) -> ThreadState:
+    pk, queue_id, thread_id, count, processing, head = values
+    return ThreadState(
+        queue_id=queue_id,
+        thread_id=thread_id,
+        queue_name=queue_names.get(queue_id, ""),
+        pk=pk,
+        member_count=count,
+        processing_item=processing,
+        head_item=head,
+    )
+
+
+def lock_threads(
+    keys: Sequence[tuple[int, str]], *, create: set[tuple[int, str]], queue_names: dict[int, str]
+) -> dict[tuple[int, str], ThreadState]:
+    """The thread rows of ``keys`` (queue id, thread id), locked in that order, making those
+    in ``create`` that do not exist. A row its last member's verdict deleted while we waited
+    is made again; one that keeps being deleted is a ``Conflict``."""
+    found: dict[tuple[int, str], ThreadState] = {}
+    missing = sorted(keys)
+    with connection.cursor() as cursor:
+        for _round in range(5):
+            to_create = [k for k in missing if k in create]
+            if to_create:
+                cursor.executemany(
+                    f"INSERT INTO {THREAD} (queue_id, thread_id, member_count) "
+                    "VALUES (%s, %s, 0) ON CONFLICT (queue_id, thread_id) DO NOTHING",
+                    to_create,
+                )
+            marks = ", ".join(["(%s, %s)"] * len(missing))
+            cursor.execute(
+                f"SELECT {THREAD_COLUMNS} FROM {THREAD} WHERE (queue_id, thread_id) IN ({marks}) "
+                f"ORDER BY queue_id, thread_id{dialect().lock}",
+                [v for k in missing for v in k],
+            )
+            for values in cursor.fetchall():
+                thread = _thread(values, queue_names)
+                found[(thread.queue_id, thread.thread_id)] = thread
+            missing = [k for k in missing if k not in found and k in create]
+            if not missing:
+                return found
+    raise Conflict("could not lock a thread: it kept being deleted", code="busy")
+
+
+def claim_thread(queue_id: int, thread_id: str, queue_name: str) -> ThreadState | None:
+    """A claimed candidate's thread row, unless another group holds it (``SKIP LOCKED``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {THREAD_COLUMNS} FROM {THREAD} "
+            f"WHERE queue_id = %s AND thread_id = %s{dialect().skip_locked}",
+            [queue_id, thread_id],
+        )
+        found = cursor.fetchone()
+    return None if found is None else _thread(found, {queue_id: queue_name})
+
+
+def save_thread(thread: ThreadState) -> None:
+    with connection.cursor() as cursor:
+        if thread.pk is None:
+            cursor.execute(
+                f"INSERT INTO {THREAD} (queue_id, thread_id, member_count, "
+                "processing_item, head_item) VALUES (%s, %s, %s, %s, %s)",
+                [
+                    thread.queue_id,
+                    thread.thread_id,
+                    thread.member_count,
+                    thread.processing_item,
+                    thread.head_item,
+                ],
+            )
+            cursor.execute(
+                f"SELECT id FROM {THREAD} WHERE queue_id = %s AND thread_id = %s",
+                [thread.queue_id, thread.thread_id],
+            )
+            thread.pk = cursor.fetchone()[0]
+        else:
+            cursor.execute(
+                f"UPDATE {THREAD} SET member_count = %s, processing_item = %s, "
+                "head_item = %s WHERE id = %s",
+                [thread.member_count, thread.processing_item, thread.head_item, thread.pk],
+            )
+
+
+def delete_thread(pk: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {THREAD} WHERE id = %s", [pk])
 
 
 def set_eligible(item_id: str, eligible: bool, *, only_pending: bool = False) -> None:

@@ -314,3 +314,11 @@ def test_every_check_id_is_documented_and_has_a_test_named_after_it():
     )
     named = {i for name in re.findall(r"^def (test_\w+)", tests, re.M) for i in raised if i in name}
     assert named == raised
+
+
+def test_use_tz_off_is_E015(settings):
+    """The engine's times are aware UTC; with USE_TZ off, the database hands it naive ones."""
+    settings.USE_TZ = False
+    assert "E015" in found()
+    settings.USE_TZ = True
+    assert "E015" not in found()

@@ -17,7 +17,7 @@ import pytest
 from django.db import connection, connections
 
 from taskhoster import engine
-from taskhoster.engine import group as grouping
+from taskhoster.engine import claims as grouping
 from taskhoster.models import Item, QueueCount, Thread
 from taskhoster.status import Status
 

@@ -69,3 +69,16 @@ def test_rows_of_several_shapes_each_get_only_their_own_columns(make_queue: Any)
     assert (again[ids[1]].error, again[ids[1]].attempts) == (before[ids[1]][0], 7)
     assert (again[ids[2]].error, again[ids[2]].attempts) == ("both", 9)
     assert (again[ids[3]].error, again[ids[3]].attempts) == before[ids[3]]
+
+
+def test_the_rules_read_every_queue_setting_declared_once() -> None:
+    """``QueueInfo`` (what the rules read) has a field for each declared queue setting, in the
+    order the engine's query reads them."""
+    from dataclasses import fields
+
+    from taskhoster.engine import QUEUE_SETTINGS
+    from taskhoster.engine.rows import QUEUE_COLUMNS
+    from taskhoster.engine.rules import QueueInfo
+
+    declared = ("id", "name", *(s.field for s in QUEUE_SETTINGS), "deleting")
+    assert tuple(f.name for f in fields(QueueInfo)) == declared == QUEUE_COLUMNS
