@@ -1,9 +1,9 @@
 """The requests a group commit carries, and their answers.
 
-Every change to an item is one of these operations. Callers build one and hand it to
-``committer.execute`` (or ``execute_async``); it joins the next group, and its own answer
-(or its own error) comes back on ``future``. A single-item call is a group of one: there is
-no second implementation of any rule.
+Every change to an item is one of these operations, typed by its answer (``Op[T]``). Callers
+build one and run it with ``committer.execute`` (or await it with ``execute_async``): it joins
+the next group, and its own answer (or its own error) comes back. A single-item call is a
+group of one: there is no second implementation of any rule.
 """
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ import asyncio
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from .rows import ItemRow
+from ..status import Status
+from .rules import Clock, ItemRow
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -49,12 +52,12 @@ class Claimed:
 @dataclass(frozen=True)
 class Verdict:
     accepted: bool
-    status: str | None
+    status: Status | None
     row: ItemRow | None = None
 
 
 @dataclass(eq=False)
-class Op:
+class Op(Generic[T]):
     """One request in a group. ``size`` is how many items it may touch (for group limits).
 
     A caller in a thread waits on ``future``; a caller on an event loop on ``waiter``, which
@@ -62,9 +65,9 @@ class Op:
     (one wake-up of the loop per group, not one per operation).
     """
 
-    future: Future[Any] | None = field(default=None, init=False, repr=False, compare=False)
+    future: Future[T] | None = field(default=None, init=False, repr=False, compare=False)
     loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
-    waiter: asyncio.Future[Any] | None = field(default=None, init=False, repr=False)
+    waiter: asyncio.Future[T] | None = field(default=None, init=False, repr=False)
     # Its number on the way to and from a committer process (``engine.process``).
     wire_id: int | None = field(default=None, init=False, repr=False)
     # When it was handed to this process's committer (time.monotonic), for admission.
@@ -88,9 +91,9 @@ class Op:
 
 
 @dataclass(eq=False)
-class Post(Op):
+class Post(Op[list[Posted]]):
     """Rule 1. ``rows[i]`` and ``lines[i]`` are ``items[i]``'s new row and the first line of
-    its file, made before the group by ``group.prepare_post``.
+    its file, made before the group by ``posts.prepare_post``.
 
     ``key_hash``: a caller that has not looked its key up (a post answered on the event loop,
     which must not wait for the database) leaves the check to the group: the key must be live,
@@ -109,7 +112,7 @@ class Post(Op):
 
 
 @dataclass(eq=False)
-class Claim(Op):
+class Claim(Op[list[Claimed]]):
     """Rule 2: up to ``max_items`` claimable items of a queue, under new leases."""
 
     queue_name: str
@@ -121,7 +124,7 @@ class Claim(Op):
 
 
 @dataclass(eq=False)
-class ItemOp(Op):
+class ItemOp(Op[T]):
     """An operation on items that already exist."""
 
     def item_ids(self) -> tuple[str, ...]:
@@ -129,121 +132,100 @@ class ItemOp(Op):
 
 
 @dataclass(eq=False)
-class Result(ItemOp):
-    """Rule 3: the first result for a non-terminal item wins. ``queues``: the queues the
-    caller's key may use (None: any); an item of another queue is not found, for that key."""
+class OneItemOp(ItemOp[T]):
+    """An operation on one item."""
 
     item_id: str
-    result: Any
-    queues: frozenset[str] | None = None
 
     def item_ids(self) -> tuple[str, ...]:
         return (self.item_id,)
 
 
 @dataclass(eq=False)
-class Fail(ItemOp):
+class Result(OneItemOp[Verdict]):
+    """Rule 3: the first result for a non-terminal item wins. ``queues``: the queues the
+    caller's key may use (None: any); an item of another queue is not found, for that key."""
+
+    result: Any
+    queues: frozenset[str] | None = None
+
+
+@dataclass(eq=False)
+class Fail(OneItemOp[Verdict]):
     """Rule 4: the lease holder failed; retry with backoff, or die."""
 
-    item_id: str
     lease: str | None
     error: str | None
     retry: bool = True
 
-    def item_ids(self) -> tuple[str, ...]:
-        return (self.item_id,)
-
 
 @dataclass(eq=False)
-class Extend(ItemOp):
+class Extend(OneItemOp[tuple[bool, ItemRow]]):
     """Rule 5: push the lease out."""
 
-    item_id: str
     lease: str | None
     seconds: float | None = None
 
-    def item_ids(self) -> tuple[str, ...]:
-        return (self.item_id,)
-
 
 @dataclass(eq=False)
-class Requeue(ItemOp):
+class Requeue(OneItemOp[Verdict]):
     """Rule 6, socket drop: back to pending (or die) if still held under ``lease``."""
 
-    item_id: str
     lease: str
     cause: str
 
-    def item_ids(self) -> tuple[str, ...]:
-        return (self.item_id,)
-
 
 @dataclass(eq=False)
-class Release(ItemOp):
+class Release(OneItemOp[Verdict]):
     """Undo a claim whose push never reached a worker: no attempt is counted."""
 
-    item_id: str
     lease: str
-
-    def item_ids(self) -> tuple[str, ...]:
-        return (self.item_id,)
 
 
 @dataclass(eq=False)
-class Sweep(ItemOp):
+class ItemsOp(ItemOp[T]):
+    """An operation on each of ``ids``."""
+
+    ids: tuple[str, ...]
+
+    def item_ids(self) -> tuple[str, ...]:
+        return self.ids
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(eq=False)
+class Sweep(ItemsOp[int]):
     """The sweep's clocks on a chunk of items, each re-checked under the lock:
     ``lapse`` (rule 6), ``timeout`` (rule 8), ``retain`` (rule 11). Answers how many changed."""
 
-    clock: str
-    ids: tuple[str, ...]
+    clock: Clock
     at: datetime
-
-    def item_ids(self) -> tuple[str, ...]:
-        return self.ids
-
-    @property
-    def size(self) -> int:
-        return len(self.ids)
 
 
 @dataclass(eq=False)
-class Delete(ItemOp):
+class Delete(ItemsOp[int]):
     """Rule 9 for each id (in ``queue_id`` only, when given). Answers how many went."""
 
-    ids: tuple[str, ...]
     queue_id: int | None = None
 
-    def item_ids(self) -> tuple[str, ...]:
-        return self.ids
-
-    @property
-    def size(self) -> int:
-        return len(self.ids)
-
 
 @dataclass(eq=False)
-class Restart(ItemOp):
+class Restart(OneItemOp[ItemRow]):
     """Rule 10: a failed item becomes a brand-new arrival."""
 
-    item_id: str
-
-    def item_ids(self) -> tuple[str, ...]:
-        return (self.item_id,)
-
 
 @dataclass(eq=False)
-class MarkFetched(ItemOp):
+class MarkFetched(OneItemOp[datetime | None]):
     """A producer read a terminal item: its ``fetched`` retention clock starts."""
 
-    item_id: str
     at: datetime
-
-    def item_ids(self) -> tuple[str, ...]:
-        return (self.item_id,)
 
 
 @dataclass(eq=False)
-class Reclaim(Op):
+class Reclaim(Op[int]):
     """The rows ``ids`` of a deleted queue (``deleting``), whose files are already gone with
     its directory: their rows and counts go. Answers how many rows went."""
 

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..conf import get_conf
+from . import admission
 
 # The longest a chunk waits for a busy committer before it runs anyway.
 MOST_WAIT_SECONDS = 0.2
@@ -129,9 +130,7 @@ def in_background() -> bool:
 
 
 def _committer_busy() -> bool:
-    from .committer import foreground_waiting
-
-    return foreground_waiting()
+    return admission.foreground_waiting()
 
 
 class Pacer:

@@ -4,7 +4,7 @@ CPython runs one thread of Python at a time in a process. A server process is bu
 event loop and its request threads; a committer thread among them waits for that lock after
 every database call and every file operation, so a group commit took several times its own
 CPU time and the process could never use more than one core. Here the same committer
-(``committer.Committer``, the same groups) runs in a child process with a core and a lock of
+(``runner.Committer``, the same groups) runs in a child process with a core and a lock of
 its own; the server process hands it operations and takes back answers and news:
 
 - server to committer: one frame per operation, ``[(wire_id, operation)]``, written by the
@@ -46,7 +46,7 @@ from django.conf import settings
 from .. import bus, events, metrics
 from ..errors import StoreError, TaskhosterError
 from ..osthread import name_os_thread
-from . import committer as committing
+from . import admission, runner
 from .ops import Op
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class ChildCommitter:
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.write_lock = threading.Lock()
-        self.pending: dict[int, Op] = {}
+        self.pending: dict[int, Op[Any]] = {}
         self.pending_items = 0
         self.next_id = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -117,7 +117,7 @@ class ChildCommitter:
         self.closing = False
         atexit.register(self.close)
 
-    def submit(self, op: Op) -> None:
+    def submit(self, op: Op[Any]) -> None:
         with self.cond:
             if self.proc is None:
                 self._start()
@@ -153,6 +153,12 @@ class ChildCommitter:
             oldest = next(iter(self.pending.values())).submitted if self.pending else None
             items = self.pending_items
         return items, (time.monotonic() - oldest) if oldest is not None else 0.0
+
+    def start(self) -> None:
+        """Start the committer process now, unless it runs already."""
+        with self.cond:
+            if self.proc is None:
+                self._start()
 
     def _start(self) -> None:
         """Start the committer process from the thread that will read its answers.
@@ -222,7 +228,7 @@ class ChildCommitter:
                         with self.cond:
                             outcomes = [(self.pending.pop(i), ok, v) for i, ok, v in body]
                             self.pending_items -= sum(op.size for op, _ok, _v in outcomes)
-                        committing.answer(outcomes)
+                        runner.answer(outcomes)
                     elif kind == "news":
                         events.deliver(body)
         except (EOFError, OSError, pickle.UnpicklingError) as exc:
@@ -239,7 +245,7 @@ class ChildCommitter:
             proc.kill()
         proc.wait()
         failure = StoreError("the committer process stopped; the outcome is unknown")
-        committing.answer([(op, False, failure) for op in lost.values()])
+        runner.answer([(op, False, failure) for op in lost.values()])
 
 
 # -- in the committer process ---------------------------------------------------------------------
@@ -278,13 +284,13 @@ def run_child() -> None:
         with lock:
             _write_all(out, data)
 
-    def answers(outcomes: Sequence[tuple[Op, bool, Any]]) -> None:
+    def answers(outcomes: Sequence[tuple[Op[Any], bool, Any]]) -> None:
         send("answers", [(op.wire_id, ok, value) for op, ok, value in outcomes])
 
-    committing.answer_hook = answers
+    runner.answer_hook = answers
     events.forward = lambda news: send("news", list(news))
-    runner = committing.Committer()
-    committing._committer = runner  # this process's committer (``foreground_waiting``)
+    committer = runner.Committer()
+    admission.register(committer)  # this process's committer (``foreground_waiting``)
     while True:
         try:
             batches = reader.frames()
@@ -292,7 +298,7 @@ def run_child() -> None:
             # The server closed the pipe (it is exiting; if it died, so do we): finish what
             # was handed in, write the metrics counted since the last flush, and go.
             deadline = time.monotonic() + STOP_SECONDS
-            while (runner.waiting() or runner.busy) and time.monotonic() < deadline:
+            while (committer.waiting() or committer.busy) and time.monotonic() < deadline:
                 time.sleep(0.01)
             with contextlib.suppress(Exception):
                 metrics.maybe_flush(force=True)
@@ -300,7 +306,7 @@ def run_child() -> None:
         for batch in batches:
             for wire_id, op in batch:
                 op.wire_id = wire_id
-                runner.submit(op)
+                committer.submit(op)
 
 
 def _picklable(outcome: tuple[int | None, bool, Any]) -> tuple[int | None, bool, Any]:

@@ -53,7 +53,6 @@ from ..errors import InvalidInput, ItemNotFound, TaskhosterError, TooLarge
 from ..faults import fault, raise_if_armed
 from ..ids import is_valid_id
 from ..keys import Principal, authenticate, parse_authorization
-from ..models import Queue
 from ..status import TERMINAL_STATUSES
 from ..timeutil import to_wire
 from .dispatcher import Dispatcher, get_dispatcher, run_sync
@@ -210,8 +209,10 @@ class WorkConsumer(AsyncWebsocketConsumer):
         held, self.held = self.held, {}
         answers = await asyncio.gather(
             *(
-                engine.requeue_held_async(
-                    item_id=item_id, lease=holding.lease, cause=engine.WORKER_DISCONNECTED
+                engine.execute_async(
+                    engine.Requeue(
+                        item_id=item_id, lease=holding.lease, cause=engine.WORKER_DISCONNECTED
+                    )
                 )
                 for item_id, holding in held.items()
             ),
@@ -250,10 +251,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
             return self._failed(message)
 
     def _error_frame(self, exc: TaskhosterError, item_id: Any) -> dict[str, Any]:
-        frame = {"type": "error", "code": exc.code, "message": exc.message}
-        if is_valid_id(item_id):
-            frame["id"] = item_id
-        return frame
+        return error_frame(exc.code, exc.message, item_id)
 
     def _failed(self, message: dict[str, Any]) -> dict[str, Any]:
         """An unexpected exception while handling a frame: log it with the item, and answer
@@ -263,14 +261,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
             message.get("type"),
             message.get("id"),
         )
-        frame = {
-            "type": "error",
-            "code": "internal",
-            "message": "the server could not handle this frame",
-        }
-        if is_valid_id(message.get("id")):
-            frame["id"] = message["id"]
-        return frame
+        return error_frame("internal", "the server could not handle this frame", message.get("id"))
 
     async def _send_answers(self) -> None:
         """Send each frame's answer in the order the frames came."""
@@ -348,8 +339,10 @@ class WorkConsumer(AsyncWebsocketConsumer):
         # The key's queue limits hold for every frame that names an item: a result for an
         # item of a queue it may not use is not found (checked by the group, with the row).
         verdict = asyncio.ensure_future(
-            engine.submit_result_async(
-                item_id=item_id, result=message["result"], queues=self.principal.queues
+            engine.execute_async(
+                engine.Result(
+                    item_id=item_id, result=message["result"], queues=self.principal.queues
+                )
             )
         )
         if stale:
@@ -398,7 +391,9 @@ class WorkConsumer(AsyncWebsocketConsumer):
             return _now({"type": "ack", "id": item_id, "accepted": False})
         del self.held[item_id]
         verdict = asyncio.ensure_future(
-            engine.fail_async(item_id=item_id, lease=holding.lease, error=error, retry=retry)
+            engine.execute_async(
+                engine.Fail(item_id=item_id, lease=holding.lease, error=error, retry=retry)
+            )
         )
         self._slot_freed()
         return self._fail_ack(item_id, verdict)
@@ -414,7 +409,9 @@ class WorkConsumer(AsyncWebsocketConsumer):
         if holding is None or self._stale(message, holding):
             return _now({"type": "ack", "id": item_id, "accepted": False})
         extended = asyncio.ensure_future(
-            engine.extend_async(item_id=item_id, lease=holding.lease, seconds=seconds)
+            engine.execute_async(
+                engine.Extend(item_id=item_id, lease=holding.lease, seconds=seconds)
+            )
         )
         return self._extend_ack(item_id, holding, extended)
 
@@ -468,10 +465,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
         await self._send(frame)
 
     async def _error(self, code: str, message: str, *, item_id: Any = None) -> None:
-        frame = {"type": "error", "code": code, "message": message}
-        if is_valid_id(item_id):
-            frame["id"] = item_id
-        await self._send(frame)
+        await self._send(error_frame(code, message, item_id))
         now = time.monotonic()
         self.errors = [t for t in self.errors if now - t < ABUSE_WINDOW_SECONDS] + [now]
         if len(self.errors) > ABUSE_ERRORS:
@@ -517,4 +511,13 @@ def _now(frame: dict[str, Any]) -> Answer:
 
 
 def _live_queue_names(names: list[str]) -> list[str]:
-    return list(Queue.objects.filter(name__in=names, deleting=False).values_list("name", flat=True))
+    return engine.live_queue_names(names)
+
+
+def error_frame(code: str, message: str, item_id: Any = None) -> dict[str, Any]:
+    """The socket's one error frame (SPEC section 6): ``{"type": "error", "code", "message"}``,
+    naming the item when the frame that caused it named a valid one."""
+    frame = {"type": "error", "code": code, "message": message}
+    if is_valid_id(item_id):
+        frame["id"] = item_id
+    return frame

@@ -246,7 +246,11 @@ class Dispatcher:
             if fault("dispatch.slow_claim"):
                 await asyncio.sleep(1.0)
             try:
-                claimed, seen = await engine.claim_seen_async(queue_name=queue, max_items=total)
+                op = engine.Claim(queue_name=queue, max_items=total)
+                claimed = await engine.execute_async(op)
+                # This process's news delivered up to the claim's answer came from groups no
+                # later than the claim's (``Op.generation``).
+                seen = op.generation
                 if len(claimed) < total and self.dirty_local.get(queue, seen + 1) <= seen:
                     del self.dirty_local[queue]  # that news was this claim's to see: it did
             except QueueNotFound:
@@ -292,8 +296,8 @@ class Dispatcher:
                 # No socket took it (they closed meanwhile): it never reached a worker, so it
                 # goes back without costing it an attempt.
                 try:
-                    await engine.release_unsent_async(
-                        item_id=item.row.id, lease=item.row.lease or ""
+                    await engine.execute_async(
+                        engine.Release(item_id=item.row.id, lease=item.row.lease or "")
                     )
                 except Exception:
                     log.exception("could not give back %s, which no socket took", item.row.id)

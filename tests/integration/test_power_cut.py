@@ -50,9 +50,8 @@ import pytest
 
 from taskhoster import engine, identity
 from taskhoster import store as store_module
-from taskhoster.engine import committer, reclaim, removal
+from taskhoster.engine import reclaim, removal, runner
 from taskhoster.engine.common import store as the_store
-from taskhoster.engine.group import prepare_post
 from taskhoster.engine.ops import (
     Claim,
     Delete,
@@ -65,7 +64,9 @@ from taskhoster.engine.ops import (
     Result,
     Sweep,
 )
+from taskhoster.engine.posts import prepare_post
 from taskhoster.engine.queues import queue_settings
+from taskhoster.engine.rules import Clock
 from taskhoster.models import Item, Queue, QueueCount, Thread
 from taskhoster.status import Status
 from taskhoster.store import Syscalls, decode
@@ -142,7 +143,7 @@ class RecordingSyscalls(Syscalls):
 
 def record_acks(trace: Trace, monkeypatch: pytest.MonkeyPatch) -> None:
     """Note, at the moment each answer goes out, what it acknowledged, with its value."""
-    deliver = committer.answer
+    deliver = runner.answer
 
     def answer(outcomes: list[tuple[Any, bool, Any]]) -> None:
         for op, ok, value in outcomes:
@@ -172,14 +173,14 @@ def record_acks(trace: Trace, monkeypatch: pytest.MonkeyPatch) -> None:
                         trace.add("ack-delete", item_id)
         deliver(outcomes)
 
-    monkeypatch.setattr(committer, "answer", answer)
+    monkeypatch.setattr(runner, "answer", answer)
 
 
 def group(*ops: Any) -> list[Any]:
     """Run ``ops`` as one group commit and return their answers."""
     for op in ops:
         op.future = Future()
-    committer.run_group(list(ops), 0)
+    runner.run_group(list(ops), 0)
     return [op.future.result() for op in ops]
 
 
@@ -258,7 +259,7 @@ def run_workload(trace: Trace, lists: list[Path]) -> None:
     done = tuple(
         Item.objects.filter(status__in=["finished", "failed"]).values_list("id", flat=True)
     )
-    group(Sweep(clock="retain", ids=done, at=later), post("q", "g"))
+    group(Sweep(clock=Clock.RETAIN, ids=done, at=later), post("q", "g"))
     for path in list(lists):  # the unlinks behind the lists (a thread of the committer's)
         the_store().reclaim_list(path)
         lists.remove(path)
@@ -270,7 +271,7 @@ def run_workload(trace: Trace, lists: list[Path]) -> None:
     # Every lease lapses; a late result of t1 (its lease lapsed) is not accepted.
     processing = tuple(Item.objects.filter(status="processing").values_list("id", flat=True))
     group(
-        Sweep(clock="lapse", ids=processing, at=later),
+        Sweep(clock=Clock.LAPSE, ids=processing, at=later),
         Result(item_id=t1.id, result="late"),
     )
 
@@ -455,7 +456,7 @@ def run_on(acks: Acknowledged, what: StateName) -> None:
     later = utcnow().replace(year=utcnow().year + 2)
     processing = tuple(Item.objects.filter(status="processing").values_list("id", flat=True))
     if processing:
-        group(Sweep(clock="lapse", ids=processing, at=later))
+        group(Sweep(clock=Clock.LAPSE, ids=processing, at=later))
     handed: Counter[str] = Counter()
     for _round in range(20):
         queues = list(Queue.objects.filter(deleting=False).values_list("name", flat=True))

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from taskhoster.engine import committer
-from taskhoster.engine.group import prepare_post
+from taskhoster.engine import runner
 from taskhoster.engine.ops import Delete, Extend, Fail, NewItem, Op, Result
+from taskhoster.engine.posts import prepare_post
 
 from .lifecycle_helpers import claim_one, post, row
 
@@ -27,7 +27,7 @@ def in_one_group(*ops: Op) -> list[Any]:
     """Run ``ops`` as one group; each one's answer (or its error), in order."""
     for op in ops:
         op.future = Future()
-    committer.run_group(list(ops), 0)
+    runner.run_group(list(ops), 0)
     answers: list[Any] = []
     for op in ops:
         assert op.future is not None

@@ -1,0 +1,291 @@
+"""Group commit: the committer thread that gathers operations into groups, and runs them.
+
+Callers from any thread (HTTP requests, the ``/work`` sockets' event loop, the sweep) hand
+an operation to ``committer.execute`` or ``committer.execute_async``. The committer thread
+(here, in the server process or in a committer process of its own) takes everything
+queued, runs it as one group (``group.Group``: one transaction), makes the group's files
+durable with one barrier after the commit (so the database's write lock is not held across
+it), and answers each caller. Whatever arrives while a group runs joins the next one.
+Nothing waits on a timer: a lone operation is committed at once (latency); under load, a
+crowd shares one transaction and one flush (throughput).
+
+Nothing is acknowledged before its files are durable (with fsync on): a claim or an extend
+(which need nothing durable) is answered at the commit, everything else after the barrier.
+What another reader may see between a commit and its barrier (a result, a new item) is at
+most what a power cut in that instant could take back; no acknowledgement that depends on
+it has gone out.
+
+A caller inside a database transaction of its own (``transaction.atomic``) runs its operation
+right there, as a group of one, so it commits (and announces) with the caller's transaction.
+
+If a group fails as a whole (a database error, a lost race on an idempotency key), it is
+run again, and then each operation alone, so one bad member only fails itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from django.db import DatabaseError, IntegrityError, OperationalError, connection
+
+from .. import events, identity, metrics
+from ..conf import get_conf
+from ..errors import StoreError, TaskhosterError
+from ..faults import GATHER, fault, slow_seconds
+from ..osthread import name_os_thread
+from . import pacing, reclaim
+from .common import store
+from .group import Group
+from .ops import Claim, Extend, MarkFetched, Op, Reclaim, Release
+
+log = logging.getLogger(__name__)
+
+MAX_GROUP_ITEMS = 2000
+IDLE_SECONDS = 0.5  # idle this long: write out the metrics counted so far
+IDLE_CLOSE_ROUNDS = 4  # idle this many times over: give the database connection back
+COUNT_SHARDS = 16
+
+
+# Operations answered at the commit: they need nothing durable (a claim may be repeated
+# after a crash: at-least-once; a lease extension or a first fetch only shortens a clock; the
+# rows of a deleted queue are reclaimed again if a crash brings them back).
+ANSWERED_AT_COMMIT = (Claim, Extend, MarkFetched, Release, Reclaim)
+
+
+_bound: set[Path] = set()  # state roots whose identity this process has checked
+
+
+def _refused_root() -> TaskhosterError | None:
+    """Before this process writes into a state root: is it this database's (``identity``)?
+    Checked once per process and root; a database that is away is checked again later."""
+    root = get_conf().root
+    if root in _bound or not root.is_dir():
+        return None
+    try:
+        identity.check()
+    except identity.StateRootTaken as exc:
+        return StoreError(str(exc))
+    except DatabaseError:
+        return None  # the group meets the same error, and says so
+    _bound.add(root)
+    return None
+
+
+def run_group(ops: list[Op[Any]], shard: int) -> None:
+    """Run ``ops`` as one group and answer them; never raises."""
+    if not all(op.background for op in ops):
+        pacing.mark_foreground()
+    taken = _refused_root()
+    if taken is not None:
+        log.error("%s", taken.message)
+        _fail_all(ops, taken)
+        return
+    for attempt in range(3):
+        group = Group(ops, store(), shard)
+        try:
+            group.run()
+        except TaskhosterError as exc:
+            # A post whose key the group refused keeps that answer (what the caller would
+            # have heard first), the rest hear why the group failed.
+            refused = group.refused_keys()
+            answer([(op, False, refused.get(id(op), exc)) for op in ops])
+            return
+        except IntegrityError as exc:
+            # A concurrent post (another process) took one of our keys: run it again, and
+            # it finds that item; a second failure is not a lost race, so isolate it.
+            if len(ops) > 1:
+                _one_by_one(ops, shard)
+                return
+            if attempt == 2:
+                _fail_all(ops, exc)
+                return
+            continue
+        except OperationalError as exc:
+            # A dropped connection or a lock that timed out: a fresh connection, once more.
+            log.warning("group of %d failed (%s); trying again", len(ops), exc)
+            if not connection.in_atomic_block:
+                connection.close()
+            if attempt == 2:
+                _fail_all(ops, exc)
+                return
+            continue
+        except Exception as exc:
+            if len(ops) > 1:
+                log.exception("group of %d failed; running its members one by one", len(ops))
+                _one_by_one(ops, shard)
+                return
+            log.exception("operation %r failed", ops[0])
+            _fail_all(ops, exc)
+            return
+        outcomes = group.outcomes()
+        if not group.needs_flush:
+            answer(outcomes)
+            return
+        now = [isinstance(op, ANSWERED_AT_COMMIT) or not ok for op, ok, _value in outcomes]
+        answer([o for o, at_commit in zip(outcomes, now, strict=True) if at_commit])
+        after_flush = [o for o, at_commit in zip(outcomes, now, strict=True) if not at_commit]
+        try:
+            group.files.flush()
+        except TaskhosterError as exc:
+            after_flush = _flush_failed(after_flush, exc)
+        else:
+            if group.files.deferred:
+                reclaim.later(group.files.deferred)
+        answer(after_flush)
+        return
+
+
+def _flush_failed(
+    outcomes: list[tuple[Op[Any], bool, Any]], exc: TaskhosterError
+) -> list[tuple[Op[Any], bool, Any]]:
+    """The files could not be made durable: nothing that needed them is acknowledged."""
+    log.error("could not flush a group's files: %s", exc.message)
+    return [
+        o if isinstance(o[0], ANSWERED_AT_COMMIT) or not o[1] else (o[0], False, exc)
+        for o in outcomes
+    ]
+
+
+def _one_by_one(ops: list[Op[Any]], shard: int) -> None:
+    for op in ops:
+        run_group([op], shard)
+
+
+def _fail_all(ops: list[Op[Any]], exc: BaseException) -> None:
+    answer([(op, False, exc) for op in ops])
+
+
+# In a committer process, answers go back to the server process instead (engine.process).
+answer_hook: Callable[[list[tuple[Op[Any], bool, Any]]], None] | None = None
+
+
+def answer(outcomes: list[tuple[Op[Any], bool, Any]]) -> None:
+    """Hand each operation its answer: threads through their futures; event loops in one
+    callback per loop for the whole group."""
+    if answer_hook is not None:
+        answer_hook(outcomes)
+        return
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Op[Any], bool, Any]]] = {}
+    seen = events.generation()
+    for op, ok, value in outcomes:
+        op.generation = seen
+        if op.loop is not None:
+            by_loop.setdefault(op.loop, []).append((op, ok, value))
+        elif op.future is not None and not op.future.done():
+            if ok:
+                op.future.set_result(value)
+            else:
+                op.future.set_exception(value)
+    for loop, batch in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop has closed
+            loop.call_soon_threadsafe(_settle_waiters, batch)
+
+
+def _settle_waiters(batch: list[tuple[Op[Any], bool, Any]]) -> None:
+    for op, ok, value in batch:
+        waiter = op.waiter
+        if waiter is None or waiter.done():
+            continue
+        if ok:
+            waiter.set_result(value)
+        else:
+            waiter.set_exception(value)
+
+
+class Committer:
+    """The committer thread of this process."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.queue: deque[Op[Any]] = deque()
+        self.queued_items = 0
+        self.thread: threading.Thread | None = None
+        self.pid = os.getpid()
+        self.shard = random.randrange(COUNT_SHARDS)
+        self.busy = False  # a group taken from the queue and not yet answered
+
+    def submit(self, op: Op[Any]) -> None:
+        with self.cond:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(
+                    target=self._loop, name="taskhoster-committer", daemon=True
+                )
+                self.thread.start()
+            op.submitted = time.monotonic()
+            self.queue.append(op)
+            self.queued_items += op.size
+            self.cond.notify()
+
+    def start(self) -> None:
+        """Its thread starts at the first operation: nothing to do ahead."""
+
+    def waiting(self) -> int:
+        """Operations handed in and not yet taken into a group."""
+        return len(self.queue)
+
+    def backlog(self) -> tuple[int, float]:
+        """(items waiting, seconds the oldest of them has waited) for a group to take them."""
+        with self.cond:
+            oldest = self.queue[0].submitted if self.queue else None
+            items = self.queued_items
+        return items, (time.monotonic() - oldest) if oldest is not None else 0.0
+
+    def _take(self) -> list[Op[Any]] | None:
+        with self.cond:
+            if not self.queue:
+                self.cond.wait(IDLE_SECONDS)
+            if not self.queue:
+                return None
+            if GATHER:  # a test's crowd: wait for it
+                deadline = time.monotonic() + 10
+                while len(self.queue) < GATHER and (left := deadline - time.monotonic()) > 0:
+                    self.cond.wait(left)
+            group: list[Op[Any]] = []
+            size = 0
+            while self.queue and (not group or size + self.queue[0].size <= MAX_GROUP_ITEMS):
+                op = self.queue.popleft()
+                group.append(op)
+                size += op.size
+            self.queued_items -= size
+            self.busy = True  # under the lock that took it: never idle to an onlooker between
+            return group
+
+    def _loop(self) -> None:
+        name_os_thread()
+        idle = 0
+        while True:
+            group = self._take()
+            if group is None:
+                idle += 1
+                try:
+                    metrics.maybe_flush(force=True)
+                    if idle >= IDLE_CLOSE_ROUNDS:
+                        # Give the connection back (a pool, or a test database to drop),
+                        # again after any later flush of metrics counted while idle: a
+                        # closed connection costs nothing to close.
+                        connection.close()
+                except Exception as exc:  # the database is away: nothing to do while idle
+                    log.debug("idle committer: %s", exc)
+                continue
+            idle = 0
+            started = time.perf_counter()
+            if fault("committer.slow_group"):
+                time.sleep(slow_seconds())  # a test's stand-in for a disk that stalls
+            try:
+                run_group(group, self.shard)
+                metrics.count_group(len(group), time.perf_counter() - started)
+            except BaseException:  # run_group never raises; keep the committer alive anyway
+                log.exception("the committer failed on a group")
+                _fail_all(group, RuntimeError("the committer failed"))
+            finally:
+                self.busy = False
