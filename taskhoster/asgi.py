@@ -18,14 +18,11 @@ whose database connections serve request after request, and the response is sent
 the loop. When every thread is busy (long-polls hold theirs for up to a minute), a request
 gets a thread of its own, so nothing waits for a free one.
 
-A view may answer one of its methods on the event loop itself (``loop_methods``: a post of
-items): everything Django does runs on the loop, without a thread, as long as the view needs
-neither the database nor a wait there. It hands its work to the committer and returns a
-``LaterResponse``, which the loop completes when the committer answers. For anything but
-that case (a bad request, a key refused by the engine) the view gives ``RunInThread`` and
-the request is answered in a thread as any other, from the start, so every error is the one
-the thread would give. This needs middleware known to do neither (``LOOP_SAFE_MIDDLEWARE``);
-with any other middleware every request goes to a thread. A post of one small item costs the
+A post of items (its view's ``loop_methods``) is answered on the event loop itself, without
+a thread, when ``taskhoster.api.loop_posts`` lets it: that module says when, and what happens
+otherwise (the request is answered in a thread, from the start, as any other). This needs
+middleware known neither to block nor to read the database (``LOOP_SAFE_MIDDLEWARE``); with
+any other middleware every request goes to a thread. A post of one small item costs the
 server about a quarter less CPU this way: the two thread hops per request, and the key's
 lookup (the engine's group checks the key with the rest of its work) were most of what a post
 cost beyond a plain request.
@@ -49,35 +46,22 @@ from django.core.exceptions import DisallowedHost, RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
 from django.db import DatabaseError, connections
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.http import HttpResponseBase
 from django.http.request import split_domain_port, validate_host
 from django.urls import Resolver404, get_resolver, set_script_prefix
 
-from . import bus, health, identity
+from . import bus, engine, health, identity
+from .api import loop_posts
 from .conf import get_conf
-from .engine import committer
 from .faults import fault, slow_seconds
-from .keys import parse_authorization, secret_hash
+from .keys import known_keys, parse_authorization, secret_hash
 from .osthread import name_os_thread
 
 log = logging.getLogger(__name__)
 
-#: Set (True) on a request that the handler runs on its event loop (``OneHopASGIHandler``).
-ON_LOOP = "taskhoster_on_loop"
-
-
-def is_on_loop(request: Any) -> bool:
-    """Whether the handler runs this request (an ``HttpRequest``, or DRF's ``Request`` around
-    one) on its event loop."""
-    return bool(getattr(getattr(request, "_request", request), ON_LOOP, False))
-
-
-#: Set on such a request to its ``LaterResponse`` once the view has handed its work on.
-LATER_RESPONSE = "taskhoster_later_response"
-
 #: Middleware that may run on the event loop: each neither blocks nor reads the database for a
 #: request that does not use the session or the user, nor reads a response's body
-#: (``CommonMiddleware`` sets ``Content-Length``, which ``LaterResponse.finish`` sets again),
+#: (``CommonMiddleware`` sets ``Content-Length``, which ``loop_posts.LaterResponse`` sets again),
 #: nor changes the URLconf; unless ``SESSION_SAVE_EVERY_REQUEST`` or ``CSRF_USE_SESSIONS``
 #: make the session middleware or the CSRF middleware read the session store for every
 #: request (with either, every request goes to a thread).
@@ -94,39 +78,6 @@ LOOP_SAFE_MIDDLEWARE = frozenset(
 )
 
 
-class LaterResponse(HttpResponse):
-    """What a view on the event loop returns before its answer is known; middleware sees it
-    as any response. The loop then awaits ``complete``, which sets the status and the body
-    (``finish``), or raises ``RunInThreadError`` to have the request answered in a thread
-    (only when nothing was done).
-
-    Made once the view has handed its work on: from then on the request is answered with it
-    (``LATER_RESPONSE``), even if middleware failed on its way out; answering it again in a
-    thread would do the work twice.
-    """
-
-    def __init__(self, request: HttpRequest, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        setattr(request, LATER_RESPONSE, self)
-
-    async def complete(self) -> None:
-        raise NotImplementedError
-
-    def finish(self, status: int, content: bytes) -> None:
-        self.status_code = status
-        self.content = content
-        if self.has_header("Content-Length"):
-            self["Content-Length"] = str(len(content))
-
-
-class RunInThread(HttpResponse):
-    """Not an answer: the request is to be answered in a thread, from the start."""
-
-
-class RunInThreadError(Exception):
-    """Raised by ``LaterResponse.complete``: the same, once the answer is known."""
-
-
 def start() -> None:
     """Make the state root and start this process's committer now, rather than at the first
     operation that needs them (a committer process takes a moment to start). Call it once
@@ -138,7 +89,7 @@ def start() -> None:
     Optional: without it the committer starts itself on first use, and the state root is made
     with the first queue (until then ``/healthz`` reports it missing).
     """
-    if committer.start_is_held():
+    if engine.start_is_held():
         return  # the system checks are importing the ASGI module: nothing is started
     # A root that cannot be made is reported by /healthz, not raised here.
     with contextlib.suppress(OSError):
@@ -149,7 +100,7 @@ def start() -> None:
         except DatabaseError as exc:
             # The database is away: /healthz says so; the committer checks before it writes.
             log.warning("could not compare the state root's identity with the index: %s", exc)
-    committer.start()
+    engine.start_committer()
     bus.listen_in_background()  # other processes' news: for long-polls and sockets alike
     health.monitor.start()  # /healthz from now on: at once, from its latest report
     health.own_port.start()  # and on HEALTH_LISTEN, if set
@@ -213,8 +164,8 @@ def refuse_bodies_early() -> None:
       header: 401 ``unauthorized``.
 
     A well-formed key is judged by the application, before the body is parsed
-    (``api.auth.KnownKeys``). Like ``skip_twisted_form_parsing`` it changes twisted for the
-    whole process: it is the server's choice to call it.
+    (``keys.KnownKeys``, ``api.loop_posts``). Like ``skip_twisted_form_parsing`` it changes
+    twisted for the whole process: it is the server's choice to call it.
     """
     from twisted.web import http as twisted_http
 
@@ -385,7 +336,7 @@ class OneHopASGIHandler(ASGIHandler):
             if kind == LOOP:
                 if fault("loop.stall"):
                     time.sleep(slow_seconds())  # a test's stand-in for an event loop flooded
-                retry_after = committer.overloaded()
+                retry_after = engine.overloaded()
                 if retry_after is not None:
                     await _send_json(
                         send,
@@ -477,8 +428,6 @@ class OneHopASGIHandler(ASGIHandler):
         if secret is None:
             body = health.public(body)
         else:
-            from .api.auth import known_keys  # (the API is set up once Django is)
-
             hashed = secret_hash(secret)
             if hashed is None or hashed not in known_keys:
                 return False  # a key to judge: Django's view does, with the database
@@ -488,8 +437,8 @@ class OneHopASGIHandler(ASGIHandler):
     async def _respond_on_loop(
         self, scope: dict[str, Any], body_file: Any
     ) -> HttpResponseBase | None:
-        """The answer made on the loop, or None: the thread is to answer (the view gave
-        ``RunInThread``, or the request is one a thread must judge)."""
+        """The answer made on the loop (``api.loop_posts``), or None: a thread is to answer,
+        from the start."""
         set_script_prefix(get_script_prefix(scope))
         signals.request_started.send(sender=self.__class__, scope=scope)
         finished = False
@@ -497,11 +446,12 @@ class OneHopASGIHandler(ASGIHandler):
             request, _error = self.create_request(scope, body_file)
             if request is None or not self._host_allowed(request):
                 return None
-            setattr(request, ON_LOOP, True)
+            if not loop_posts.admit(request):
+                return None  # a key to judge before the body is read
             response = self.get_response(request)
-            later: LaterResponse | None = getattr(request, LATER_RESPONSE, None)
+            later = loop_posts.handed_on(request)
             if later is None:
-                return None
+                return None  # the view did not hand the post on (``RunInThread``)
             if later is not response:
                 log.error(
                     "middleware failed on the way out of %s (it answered %s); the work was "
@@ -511,7 +461,7 @@ class OneHopASGIHandler(ASGIHandler):
                 )
             try:
                 await later.complete()
-            except RunInThreadError:
+            except loop_posts.RunInThreadError:
                 return None  # nothing was done: the thread answers from the start
             later._handler_class = self.__class__  # type: ignore[attr-defined]
             finished = True

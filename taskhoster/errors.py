@@ -56,8 +56,8 @@ class ItemNotFound(NotFound):
 
 
 class KeyRefused(TaskhosterError):
-    """The key is unknown or revoked (checked in the group itself, for a post answered on
-    the event loop: the API then answers the request as ``require`` would)."""
+    """The key is unknown or revoked (``keys.refusal``, for the views and for the engine's
+    group, which checks the key of a post answered on the event loop)."""
 
     code = "unauthorized"
     http_status = 401

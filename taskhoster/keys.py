@@ -9,13 +9,15 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection
 
-from .errors import InvalidInput
+from .errors import InvalidInput, KeyForbidden, KeyRefused
 from .models import ApiKey
 from .store import QUEUE_NAME_PATTERN
 
@@ -39,6 +41,26 @@ class Principal:
 
     def may_use(self, queue: str) -> bool:
         return self.queues is None or queue in self.queues
+
+
+def refusal(
+    principal: Principal | None, scope: str | tuple[str, ...], queue: str | None
+) -> KeyRefused | None:
+    """Why a key may not do this, or None if it may: the one rule for the API's views
+    (``api.auth.require``) and the engine's group (a post whose key it checks).
+
+    ``principal``: the key's holder, None for a key that is invalid or revoked (401).
+    ``scope``: the scope the key needs, or scopes of which it needs one (none: any will do);
+    ``queue``: the queue it must be allowed to use, if any. Either refused is 403.
+    """
+    if principal is None:
+        return KeyRefused("invalid or revoked key")
+    scopes = (scope,) if isinstance(scope, str) else scope
+    if scopes and not principal.has_scope(*scopes):
+        return KeyForbidden(f"this key needs the {' or '.join(scopes)} scope")
+    if queue is not None and not principal.may_use(queue):
+        return KeyForbidden(f"this key may not use queue {queue!r}")
+    return None
 
 
 def hash_key(secret: str) -> str:
@@ -77,6 +99,38 @@ def secret_hash(secret: str) -> str | None:
     if not secret or len(secret) > 200:
         return None
     return hash_key(secret)
+
+
+class KnownKeys:
+    """Hashes of keys this process saw accepted lately (``KNOWN_FOR`` seconds).
+
+    A post answered on the event loop (``api.loop_posts``) does not look its key up (the
+    engine's group does, with the rest of its work); but its body is read there before the
+    group runs. So only a key seen accepted lately is let on the loop: any other request goes
+    to a thread, where the key is judged before the body is read, and a made-up key costs a
+    lookup, not a parse. A hint, never an authority: the group checks every key again,
+    revoked ones included."""
+
+    KNOWN_FOR = 60.0
+    MOST = 10_000
+
+    def __init__(self) -> None:
+        self.seen: dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def add(self, key_hash: str) -> None:
+        with self.lock:
+            if len(self.seen) >= self.MOST and key_hash not in self.seen:
+                self.seen.pop(next(iter(self.seen)))  # the oldest
+            self.seen.pop(key_hash, None)
+            self.seen[key_hash] = time.monotonic() + self.KNOWN_FOR
+
+    def __contains__(self, key_hash: object) -> bool:
+        until = self.seen.get(key_hash) if isinstance(key_hash, str) else None
+        return until is not None and until > time.monotonic()
+
+
+known_keys = KnownKeys()
 
 
 KEY_REVOKED = "key-revoked"  # news: (KEY_REVOKED, "", key id); sockets of the key close

@@ -11,25 +11,19 @@ unauthenticated caller is (nobody), so the API answers the same in any project, 
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from typing import Any, cast
 
 from django.db import transaction
-from django.http import HttpRequest, HttpResponseBase
-from django.utils.log import log_response
+from django.http import HttpRequest
 from drf_spectacular.openapi import AutoSchema
 from rest_framework.metadata import SimpleMetadata
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
-from rest_framework.response import Response
 from rest_framework.settings import DEFAULTS, IMPORT_STRINGS, APISettings
 from rest_framework.views import APIView
 
-from ..asgi import LaterResponse, RunInThread, RunInThreadError, is_on_loop
-from ..errors import KeyRefused
-from .auth import HasKey, KeyAuthentication, UncheckedKey, known_keys
+from .auth import HasKey, KeyAuthentication
 from .errors import exception_handler
 from .parsers import StrictJSONParser
 
@@ -91,8 +85,6 @@ class ApiView(APIView):
     # drf-spectacular's, not the project's DEFAULT_SCHEMA_CLASS (/api/schema reads it).
     schema = AutoSchema()
     _renderer = TaskhosterJSONRenderer()
-    #: The methods this view answers on the handler's event loop (``taskhoster.asgi``).
-    loop_methods: frozenset[str] = frozenset()
 
     @classmethod
     def as_view(cls, **initkwargs: Any) -> Any:
@@ -116,54 +108,3 @@ class ApiView(APIView):
 
     def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
         return self._renderer, self._renderer.media_type
-
-    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        if is_on_loop(request) and (request.method or "").lower() not in self.loop_methods:
-            raise RunInThreadError  # not answered on the loop (handle_exception says so)
-        super().initial(request, *args, **kwargs)
-
-    # DRF's stubs say Response; DRF itself takes any HttpResponse from here.
-    def handle_exception(self, exc: Exception) -> HttpResponseBase:  # type: ignore[override]
-        """On the event loop, anything but the view's own answer is answered in a thread,
-        from the start: there the key is checked first, as always, and every error is the
-        one it has always been."""
-        if is_on_loop(self.request):
-            return RunInThread()
-        response: HttpResponseBase = super().handle_exception(exc)
-        return response
-
-
-class EngineAnswer(LaterResponse):
-    """A view's answer on the event loop: ``make`` turns the engine's answer into the
-    response, on the loop, once ``answer`` settles; an error is answered as in a thread, and
-    a key the engine refused (``KeyRefused``) sends the request to a thread."""
-
-    def __init__(
-        self,
-        view: APIView,
-        request: Request,
-        answer: asyncio.Future[Any],
-        make: Callable[[Any], Response],
-    ) -> None:
-        super().__init__(request._request, content_type=ApiView._renderer.media_type)
-        self.view, self.request, self.answer, self.make = view, request, answer, make
-
-    async def complete(self) -> None:
-        response: Response | None
-        try:
-            response = self.make(await self.answer)
-            user = self.request.user
-            if isinstance(user, UncheckedKey):
-                known_keys.add(user.key_hash)  # the group accepted it: it may stay on the loop
-        except KeyRefused as exc:
-            raise RunInThreadError from exc
-        except Exception as exc:
-            response = exception_handler(exc, {"view": self.view, "request": self.request})
-        assert response is not None  # the handler answers every exception
-        self.finish(response.status_code, ApiView._renderer.render(response.data))
-        for header, value in response.items():
-            if header.lower() != "content-type":  # a Response's own is set as it renders
-                self[header] = value
-        if self.status_code >= 400:  # as Django logs one answered in a thread
-            plain = self.request._request
-            log_response("%s: %s", self.reason_phrase, plain.path, response=self, request=plain)

@@ -27,12 +27,11 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from taskhoster.api.auth import known_keys
-from taskhoster.engine import committer
-from taskhoster.engine.group import prepare_post
+from taskhoster.engine import runner
 from taskhoster.engine.ops import NewItem, Op
+from taskhoster.engine.posts import prepare_post
 from taskhoster.errors import KeyForbidden, KeyRefused
-from taskhoster.keys import hash_key
+from taskhoster.keys import hash_key, known_keys
 from taskhoster.models import ApiKey, Item
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -153,7 +152,7 @@ def test_in_one_group_a_refused_key_fails_only_its_own_post(keys) -> None:
         post(keys["other_queue"], 4),
         post(keys["producer"], 5),
     ]
-    committer.run_group(ops, 0)
+    runner.run_group(ops, 0)
     errors = [op.future.exception() for op in ops]
     assert errors[0] is None
     assert errors[4] is None
@@ -216,7 +215,7 @@ def test_a_group_that_fails_as_a_whole_still_tells_a_refused_key_so(keys, monkey
         op.future = future
         ops.append(op)
         futures.append(future)
-    committer.run_group(ops, 0)
+    runner.run_group(ops, 0)
     assert type(futures[0].exception()) is KeyRefused
     assert type(futures[1].exception()) is StoreError
     assert Item.objects.count() == 0
