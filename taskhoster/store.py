@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from . import patterns
-from .errors import StoreError
+from .errors import StoreError as StoreError  # re-exported: engine.removal, engine.repair
 from .faults import crash_point
 from .ids import ID_PATTERN
 from .status import State

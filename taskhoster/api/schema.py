@@ -1,6 +1,6 @@
 """What ``/api/schema`` says of each operation, from the declarations the server enforces.
 
-Request bodies are ``contract``'s bodies and queue settings are ``engine.queues.SETTINGS``,
+Request bodies are ``contract``'s bodies and queue settings are ``engine.QUEUE_SETTINGS``,
 turned into JSON Schema by ``schemas``; path and query parameters use the same patterns and
 the limits of ``conf``. Each view names its operation with ``documented(...)``: its scopes,
 the parameters it reads, its answers and the error codes each status can carry. The
@@ -19,8 +19,8 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 
 from .. import contract, schemas
 from ..conf import get_conf
-from ..engine.queues import SETTINGS
-from ..status import RetainFrom, Status
+from ..engine import QUEUE_SETTINGS, QueueSetting
+from ..status import Status
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -218,29 +218,32 @@ ITEM_ERRORS = {400: ["invalid_id"], 404: ["item_not_found"]}
 # -- components ----------------------------------------------------------------------------
 
 
+def _setting_schema(setting: QueueSetting) -> dict[str, Any]:
+    if setting.kind == "queue":
+        return {
+            "type": "string",
+            "pattern": schemas.QUEUE_REGEX,
+            "maxLength": 64,
+            "nullable": setting.nullable,
+            "description": "An existing queue other than this one"
+            + (", or null." if setting.nullable else "."),
+        }
+    spec = contract.Field(
+        setting.wire,
+        setting.kind,
+        nullable=setting.nullable,
+        minimum=setting.minimum,
+        maximum=setting.maximum,
+        exclusive_minimum=setting.exclusive_minimum,
+        choices=setting.choices,
+    )
+    return schemas.field_schema(spec)
+
+
 def _settings_schema() -> dict[str, Any]:
-    properties: dict[str, Any] = {}
-    for setting in SETTINGS:
-        spec = contract.Field(
-            setting.wire,
-            "integer" if setting.integer else "number",
-            nullable=setting.nullable,
-            minimum=setting.minimum,
-            maximum=setting.maximum,
-            exclusive_minimum=setting.exclusive_minimum,
-        )
-        properties[setting.wire] = schemas.field_schema(spec)
-    properties["retainFrom"] = {"type": "string", "enum": [r.value for r in RetainFrom]}
-    properties["deadLetterQueue"] = {
-        "type": "string",
-        "pattern": schemas.QUEUE_REGEX,
-        "maxLength": 64,
-        "nullable": True,
-        "description": "An existing queue other than this one, or null.",
-    }
     return {
         "type": "object",
-        "properties": properties,
+        "properties": {s.wire: _setting_schema(s) for s in QUEUE_SETTINGS},
         "additionalProperties": False,
         "description": "Queue settings; those left out keep their value (or the default). "
         "backoffMaxSeconds must be at least backoffSeconds.",

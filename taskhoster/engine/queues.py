@@ -1,5 +1,10 @@
 """Queue settings (SPEC section 2): validation shared by the API and the admin, and upsert.
 
+Each setting is declared once, in ``QUEUE_SETTINGS``: its wire name, its ``Queue`` field, what
+it holds and its bounds. ``clean_settings`` validates by them, ``queue_settings`` answers with
+them, and ``/api/schema`` (``api.schema``) describes them; the default and the doc are the
+model field's (Django's migrations need them there).
+
 The settings are also written to ``<root>/<queue>/queue.json`` so that the state directories
 alone can rebuild a lost database.
 """
@@ -8,9 +13,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from django.db import IntegrityError, transaction
+from django.db.models import Field
 
 from ..contract import MAX_DELAY_SECONDS, MAX_LEASE_SECONDS
 from ..errors import InvalidInput
@@ -23,29 +29,93 @@ DAY = 86400.0
 
 
 @dataclass(frozen=True)
-class Setting:
+class QueueSetting:
+    """One queue setting. ``kind``: number, integer, choice (one of ``choices``) or queue (the
+    name of another live queue). ``minimum`` (with ``exclusive_minimum``: the value must be
+    greater) and ``maximum`` bound a number. ``nullable``: null is a value (for none)."""
+
     wire: str
     field: str
-    minimum: float
-    maximum: float
-    integer: bool = False
-    nullable: bool = False
+    kind: Literal["number", "integer", "choice", "queue"]
+    minimum: float | None = None
+    maximum: float | None = None
     exclusive_minimum: bool = False
+    nullable: bool = False
+    choices: tuple[str, ...] = ()
+
+    @property
+    def default(self) -> Any:
+        """The model field's default: a new queue's value (None for a nullable one)."""
+        found = self._model_field()
+        return found.default if found.has_default() else None
+
+    @property
+    def doc(self) -> str:
+        """The model field's help text."""
+        return str(self._model_field().help_text)
+
+    def _model_field(self) -> Field[Any, Any]:
+        found = Queue._meta.get_field(self.field)
+        assert isinstance(found, Field), self.field
+        return found
+
+    def _range(self) -> str:
+        """What a number must be, as ``clean_settings`` says it."""
+        low = "greater than" if self.exclusive_minimum else "at least"
+        parts = [f"{low} {self.minimum:g}"] if self.minimum is not None else []
+        if self.maximum is not None:
+            parts.append(f"at most {self.maximum:g}")
+        return " and ".join(parts)
+
+    def clean(self, queue_name: str, value: Any) -> Any:
+        """The model field's value for the wire ``value``, or ``InvalidInput``."""
+        if value is None and self.nullable:
+            return None
+        if self.kind == "choice":
+            if not isinstance(value, str) or value not in self.choices:
+                allowed = " or ".join(repr(c) for c in self.choices)
+                raise InvalidInput(f"{self.wire} must be {allowed}", code="invalid_setting")
+            return value
+        if self.kind == "queue":
+            validate_queue_name(value)
+            if value == queue_name:
+                raise InvalidInput(f"a queue cannot be its own {self.wire}", code="invalid_setting")
+            if not Queue.objects.filter(name=value, deleting=False).exists():
+                raise InvalidInput(f"{self.wire} {value!r} does not exist", code="invalid_setting")
+            return value
+        integer = self.kind == "integer"
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or (integer and not isinstance(value, int))
+            or (isinstance(value, float) and not math.isfinite(value))
+        ):
+            kind = "an integer" if integer else "a number"
+            raise InvalidInput(f"{self.wire} must be {kind}", code="invalid_setting")
+        low, high = self.minimum, self.maximum
+        if (low is not None and (value <= low if self.exclusive_minimum else value < low)) or (
+            high is not None and value > high
+        ):
+            raise InvalidInput(f"{self.wire} must be {self._range()}", code="invalid_setting")
+        return int(value) if integer else float(value)
 
 
-SETTINGS = (
+QUEUE_SETTINGS: tuple[QueueSetting, ...] = (
     # An extend's seconds and a post's delaySeconds are bounded by the same figures.
-    Setting("leaseSeconds", "lease_seconds", 0, MAX_LEASE_SECONDS, exclusive_minimum=True),
-    Setting("queueSeconds", "queue_seconds", 0, MAX_DELAY_SECONDS, exclusive_minimum=True),
-    Setting("retainSeconds", "retain_seconds", 0, 366 * DAY),
-    Setting("maxAttempts", "max_attempts", 1, 1_000_000, integer=True, nullable=True),
-    Setting("backoffSeconds", "backoff_seconds", 0, DAY),
-    Setting("backoffMaxSeconds", "backoff_max_seconds", 0, 7 * DAY),
+    QueueSetting(
+        "leaseSeconds", "lease_seconds", "number", 0, MAX_LEASE_SECONDS, exclusive_minimum=True
+    ),
+    QueueSetting(
+        "queueSeconds", "queue_seconds", "number", 0, MAX_DELAY_SECONDS, exclusive_minimum=True
+    ),
+    QueueSetting("retainSeconds", "retain_seconds", "number", 0, 366 * DAY),
+    QueueSetting("maxAttempts", "max_attempts", "integer", 1, 1_000_000, nullable=True),
+    QueueSetting("backoffSeconds", "backoff_seconds", "number", 0, DAY),
+    QueueSetting("backoffMaxSeconds", "backoff_max_seconds", "number", 0, 7 * DAY),
+    QueueSetting("retainFrom", "retain_from", "choice", choices=tuple(r.value for r in RetainFrom)),
+    QueueSetting("deadLetterQueue", "dead_letter_queue", "queue", nullable=True),
 )
-WIRE_TO_FIELD = {s.wire: s.field for s in SETTINGS} | {
-    "retainFrom": "retain_from",
-    "deadLetterQueue": "dead_letter_queue",
-}
+WIRE_TO_FIELD = {s.wire: s.field for s in QUEUE_SETTINGS}
 
 
 def validate_queue_name(name: object) -> str:
@@ -64,49 +134,9 @@ def clean_settings(queue_name: str, body: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise InvalidInput(f"unknown setting(s): {', '.join(unknown)}", code="unknown_field")
     values: dict[str, Any] = {}
-    for setting in SETTINGS:
-        if setting.wire not in body:
-            continue
-        value = body[setting.wire]
-        if value is None and setting.nullable:
-            values[setting.field] = None
-            continue
-        kind = "an integer" if setting.integer else "a number"
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or (setting.integer and not isinstance(value, int))
-            or (isinstance(value, float) and not math.isfinite(value))
-        ):
-            raise InvalidInput(f"{setting.wire} must be {kind}", code="invalid_setting")
-        low_ok = value > setting.minimum if setting.exclusive_minimum else value >= setting.minimum
-        if not low_ok or value > setting.maximum:
-            bound = "greater than" if setting.exclusive_minimum else "at least"
-            raise InvalidInput(
-                f"{setting.wire} must be {bound} {setting.minimum:g} and at most "
-                f"{setting.maximum:g}",
-                code="invalid_setting",
-            )
-        values[setting.field] = int(value) if setting.integer else float(value)
-    if "retainFrom" in body:
-        if not isinstance(body["retainFrom"], str) or body["retainFrom"] not in {
-            r.value for r in RetainFrom
-        }:
-            raise InvalidInput("retainFrom must be 'finished' or 'fetched'", code="invalid_setting")
-        values["retain_from"] = body["retainFrom"]
-    if "deadLetterQueue" in body:
-        dlq = body["deadLetterQueue"]
-        if dlq is not None:
-            validate_queue_name(dlq)
-            if dlq == queue_name:
-                raise InvalidInput(
-                    "a queue cannot be its own deadLetterQueue", code="invalid_setting"
-                )
-            if not Queue.objects.filter(name=dlq, deleting=False).exists():
-                raise InvalidInput(
-                    f"deadLetterQueue {dlq!r} does not exist", code="invalid_setting"
-                )
-        values["dead_letter_queue"] = dlq
+    for setting in QUEUE_SETTINGS:
+        if setting.wire in body:
+            values[setting.field] = setting.clean(queue_name, body[setting.wire])
     return values
 
 
