@@ -30,10 +30,9 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Unpack
 
 from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
@@ -41,12 +40,13 @@ from django.db.transaction import TransactionManagementError
 
 from . import contract, engine
 from .api import params
+from .client.models import ItemOptionFields, ItemOptions, NewItem
 from .conf import get_conf
 from .errors import InvalidInput
 from .timeutil import now as utcnow
-from .timeutil import to_wire
 
 __all__ = [
+    "ItemOptions",
     "NewItem",
     "NotPosted",
     "Posting",
@@ -63,18 +63,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Item = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class NewItem:
-    """One item of :func:`post_many` with its options (a bare payload needs none); the
-    fields of :func:`post`."""
-
-    payload: Any
-    thread_id: str | None = None
-    delay: float | timedelta | None = None
-    scheduled_at: datetime | str | None = None
-    key: str | None = None
 
 
 class NotPosted(RuntimeError):
@@ -145,19 +133,19 @@ def post(
     queue: str,
     payload: Any,
     *,
-    thread_id: str | None = None,
-    delay: float | timedelta | None = None,
-    scheduled_at: datetime | str | None = None,
-    key: str | None = None,
+    options: ItemOptions | None = None,
     using: str | None = None,
     robust: bool = False,
+    **fields: Unpack[ItemOptionFields],
 ) -> Posting:
     """Post one item to ``queue``, now, or when the open transaction commits.
 
-    ``delay`` (seconds or a timedelta, counted from the moment the item is posted) and
-    ``scheduled_at`` (an aware datetime, or a wire time such as ``2026-01-31T12:00:00Z``)
-    are exclusive. With a ``key`` whose item is still live in the queue, that item is the
-    answer (``created`` is False).
+    Its options are ``options`` (an :class:`ItemOptions`) or their fields as keywords
+    (``thread_id=``, ``delay=``, ``scheduled_at=``, ``key=``; a keyword wins over
+    ``options``). ``delay`` (seconds or a timedelta, counted from the moment the item is
+    posted) and ``scheduled_at`` (an aware datetime, or a wire time such as
+    ``2026-01-31T12:00:00Z``) are exclusive. With a ``key`` whose item is still live in the
+    queue, that item is the answer (``created`` is False).
 
     The post waits for the transaction open on the connection ``using`` (the default
     database when None) and for one open on Taskhoster's own (``default``). A bad value
@@ -166,9 +154,7 @@ def post(
     committed, after its commit; with ``robust=True`` it is logged instead (logger
     ``taskhoster.local``) and kept on ``Posting.error``.
     """
-    body = _body(
-        payload, thread_id=thread_id, delay=delay, scheduled_at=scheduled_at, key=key, where=""
-    )
+    body = _body(payload, ItemOptions.given(options, fields), where="")
     return _post(queue, [body], batch=False, using=using, robust=robust)[0]
 
 
@@ -178,55 +164,26 @@ def post_many(
     """Post several items (bare payloads, or :class:`NewItem` for options) all or none, in
     order: at most ``MAX_BATCH`` (1000) and at least one, as ``{"items": [...]}`` over REST.
     Now, or when the open transaction commits, as :func:`post`."""
-    bodies = []
-    for n, one in enumerate(items):
-        if isinstance(one, NewItem):
-            where = f"items[{n}]."
-            bodies.append(
-                _body(
-                    one.payload,
-                    thread_id=one.thread_id,
-                    delay=one.delay,
-                    scheduled_at=one.scheduled_at,
-                    key=one.key,
-                    where=where,
-                )
-            )
-        else:
-            bodies.append(_body(one, where=f"items[{n}]."))
+    bodies = [
+        _body(new.payload, new, where=f"items[{n}].")
+        for n, new in enumerate(map(NewItem.of, items))
+    ]
     return _post(queue, bodies, batch=True, using=using, robust=robust)
 
 
-def _body(
-    payload: Any,
-    *,
-    thread_id: str | None = None,
-    delay: float | timedelta | None = None,
-    scheduled_at: datetime | str | None = None,
-    key: str | None = None,
-    where: str,
-) -> dict[str, Any]:
-    """The REST body these arguments stand for (a None argument is left out, as a field not
-    given), so that the contract judges exactly what a REST post would send."""
+def _body(payload: Any, options: ItemOptions, *, where: str) -> dict[str, Any]:
+    """The REST body of the item (``ItemOptions.wire``: the other values as they were given),
+    so that the contract judges exactly what a REST post would send."""
     # The payload as JSON reads it back: what is validated is what is posted, whatever the
     # caller does with its objects before a deferred post's commit.
-    body: dict[str, Any] = {"payload": _json_copy(payload, f"{where}payload")}
-    if thread_id is not None:
-        body["threadId"] = thread_id
-    if delay is not None:
-        body["delaySeconds"] = delay.total_seconds() if isinstance(delay, timedelta) else delay
-    if scheduled_at is not None:
-        if isinstance(scheduled_at, datetime):
-            if scheduled_at.tzinfo is None or scheduled_at.utcoffset() is None:
-                raise InvalidInput(
-                    f"{where}scheduledAt must be an aware datetime (a naive one names no moment)",
-                    code="invalid",
-                )
-            scheduled_at = to_wire(scheduled_at)
-        body["scheduledAt"] = scheduled_at
-    if key is not None:
-        body["key"] = key
-    return body
+    copy = _json_copy(payload, f"{where}payload")
+    at = options.scheduled_at
+    if isinstance(at, datetime) and (at.tzinfo is None or at.utcoffset() is None):
+        raise InvalidInput(
+            f"{where}scheduledAt must be an aware datetime (a naive one names no moment)",
+            code="invalid",
+        )
+    return options.wire(copy)
 
 
 def _json_copy(value: Any, name: str) -> Any:
@@ -434,25 +391,14 @@ async def post_async(
     queue: str,
     payload: Any,
     *,
-    thread_id: str | None = None,
-    delay: float | timedelta | None = None,
-    scheduled_at: datetime | str | None = None,
-    key: str | None = None,
+    options: ItemOptions | None = None,
     using: str | None = None,
     robust: bool = False,
+    **fields: Unpack[ItemOptionFields],
 ) -> Posting:
     """:func:`post` for async code (run in Django's thread for sync calls)."""
-    call = partial(
-        post,
-        queue,
-        payload,
-        thread_id=thread_id,
-        delay=delay,
-        scheduled_at=scheduled_at,
-        key=key,
-        using=using,
-        robust=robust,
-    )
+    options = ItemOptions.given(options, fields)
+    call = partial(post, queue, payload, options=options, using=using, robust=robust)
     answer: Posting = await sync_to_async(call)()
     return answer
 

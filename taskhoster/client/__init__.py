@@ -15,8 +15,14 @@
     worker.run()
 
 This package needs only httpx and websockets: it does not import Django, so it runs in plain
-worker processes.
+worker processes. It imports them when a producer or the worker is first asked for: the
+errors and models (``ItemOptions``, which ``taskhoster.local`` shares) come without them.
 """
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from .errors import (
     APIError,
@@ -36,9 +42,29 @@ from .errors import (
     Unauthorized,
     WaitTimeout,
 )
-from .models import Item, NewItem, QueueInfo
-from .producer import AsyncProducer, Producer
-from .worker import Handler, Job, Worker
+from .models import Item, ItemOptions, NewItem, QueueInfo
+
+if TYPE_CHECKING:
+    from .producer import AsyncProducer, Producer
+    from .worker import Handler, Job, Worker
+
+#: What is imported on first use, and from where (httpx and websockets come with it).
+_LAZY = {
+    "AsyncProducer": "producer",
+    "Producer": "producer",
+    "Handler": "worker",
+    "Job": "worker",
+    "Worker": "worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "APIError",
@@ -51,6 +77,7 @@ __all__ = [
     "Handler",
     "Item",
     "ItemFailed",
+    "ItemOptions",
     "Job",
     "NewItem",
     "NotFound",

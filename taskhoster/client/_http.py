@@ -12,8 +12,7 @@ import os
 import random
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
@@ -21,7 +20,7 @@ from urllib.parse import quote
 import httpx
 
 from .errors import APIError, ConfigError, ConnectionFailed, api_error
-from .models import Item, NewItem, QueueInfo, to_seconds, to_wire_time
+from .models import Item, ItemOptions, NewItem, QueueInfo, to_seconds
 
 T = TypeVar("T")
 
@@ -279,29 +278,16 @@ def delete_queue(name: str) -> Call[None]:
     return Call("DELETE", f"/api/queues/{seg(name)}", _none, gone_ok=True)
 
 
-def item_body(
-    payload: Any,
-    *,
-    thread_id: str | None = None,
-    delay: float | timedelta | None = None,
-    scheduled_at: datetime | str | None = None,
-    key: str | None = None,
-    auto_key: bool = True,
-) -> dict[str, Any]:
-    if delay is not None and scheduled_at is not None:
+def item_body(payload: Any, options: ItemOptions, auto_key: bool) -> dict[str, Any]:
+    """An item's REST body: ``delay`` always as a float, and a made-up ``key`` when none is
+    given and ``auto_key``."""
+    if options.delay is not None and options.scheduled_at is not None:
         raise ValueError("give delay or scheduled_at, not both")
-    body: dict[str, Any] = {"payload": payload}
-    if thread_id is not None:
-        body["threadId"] = thread_id
-    if delay is not None:
-        body["delaySeconds"] = to_seconds(delay)
-    if scheduled_at is not None:
-        body["scheduledAt"] = to_wire_time(scheduled_at)
-    if key is not None:
-        body["key"] = key
-    elif auto_key:
-        body["key"] = new_key()
-    return body
+    if options.delay is not None:
+        options = replace(options, delay=to_seconds(options.delay))
+    if options.key is None and auto_key:
+        options = replace(options, key=new_key())
+    return options.wire(payload)
 
 
 def post_item(queue: str, body: dict[str, Any]) -> Call[Item]:
@@ -317,20 +303,9 @@ def post_item(queue: str, body: dict[str, Any]) -> Call[Item]:
 
 
 def batch_bodies(items: list[Any], auto_key: bool, size: int = MAX_BATCH) -> list[list[Any]]:
-    """The bodies of the items, in chunks of at most ``size``."""
-    bodies = [
-        item_body(
-            i.payload,
-            thread_id=i.thread_id,
-            delay=i.delay,
-            scheduled_at=i.scheduled_at,
-            key=i.key,
-            auto_key=auto_key,
-        )
-        if isinstance(i, NewItem)
-        else item_body(i, auto_key=auto_key)
-        for i in items
-    ]
+    """The bodies of the items (bare payloads or :class:`NewItem`), in chunks of at most
+    ``size``."""
+    bodies = [item_body(new.payload, new, auto_key) for new in map(NewItem.of, items)]
     return [bodies[n : n + size] for n in range(0, len(bodies), size)]
 
 

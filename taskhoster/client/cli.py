@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from .errors import PermanentError, RetryableError, TaskhosterError, WaitTimeout
-from .models import Item, NewItem
+from .models import Item, ItemOptionFields, NewItem
 from .producer import Producer
 from .worker import Handler, Job, Worker
 
@@ -253,27 +253,23 @@ def _verdict(item: Item) -> int:
 
 
 def _post(producer: Producer, args: argparse.Namespace) -> int:
+    fields: ItemOptionFields = {
+        "thread_id": args.thread_id,
+        "delay": args.delay,
+        "scheduled_at": args.scheduled_at,
+    }
     if args.lines:
         payloads = [
             line if args.string else _read_payload(line, False)
             for line in sys.stdin.read().splitlines()
             if line.strip()
         ]
-        news = [
-            NewItem(p, thread_id=args.thread_id, delay=args.delay, scheduled_at=args.scheduled_at)
-            for p in payloads
-        ]
+        news = [NewItem(p, **fields) for p in payloads]
         for item in producer.post_many(args.queue, news):
             _print_json(item.raw, sys.stdout)
         return 0
-    item = producer.post(
-        args.queue,
-        _read_payload(args.payload, args.string),
-        thread_id=args.thread_id,
-        delay=args.delay,
-        scheduled_at=args.scheduled_at,
-        key=args.idempotency_key,
-    )
+    fields["key"] = args.idempotency_key  # a key names one item: not for --lines
+    item = producer.post(args.queue, _read_payload(args.payload, args.string), **fields)
     if args.wait is None:
         _print_json(item.raw, sys.stdout)
         return 0

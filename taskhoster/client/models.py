@@ -1,10 +1,11 @@
-"""The shapes the client hands back: items, queues, and items to post."""
+"""The shapes the client hands back (items, queues), and what it posts: items and their
+options."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 TERMINAL = frozenset({"finished", "failed"})
 
@@ -119,16 +120,73 @@ class QueueInfo:
         )
 
 
-@dataclass(frozen=True)
-class NewItem:
-    """One item of :meth:`Producer.post_many` with its options (a bare payload needs none).
+class ItemOptionFields(TypedDict, total=False):
+    """The fields of :class:`ItemOptions` as the keyword arguments of a post (kept in step with
+    it: ``ItemOptions(**fields)`` is how they are read)."""
 
-    ``delay`` (seconds or a timedelta) and ``scheduled_at`` are exclusive. Without ``key``,
-    the client makes one up, so that resending the batch after a lost answer is safe.
+    thread_id: str | None
+    delay: float | timedelta | None
+    scheduled_at: datetime | str | None
+    key: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ItemOptions:
+    """How an item is posted, besides its payload: one type for every post. The keyword
+    arguments of ``post`` (:class:`Producer`, :class:`AsyncProducer`, ``taskhoster.local``)
+    build one, ``post`` takes one as ``options=``, and a :class:`NewItem` is one with a payload.
+
+    ``thread_id``: the items of a thread are handed out one at a time, in order. ``delay``
+    (seconds or a timedelta, from the post) and ``scheduled_at`` (a datetime or a wire time)
+    are exclusive. ``key``: while an item of that key is still in the queue, a post with the
+    same key answers that item instead of making another.
     """
 
-    payload: Any
     thread_id: str | None = None
     delay: float | timedelta | None = None
     scheduled_at: datetime | str | None = None
     key: str | None = None
+
+    @classmethod
+    def given(cls, options: ItemOptions | None, fields: ItemOptionFields) -> ItemOptions:
+        """What a post was given: ``options`` (or none), with the keyword arguments ``fields``
+        in place of its fields of the same names."""
+        if options is None:
+            return cls(**fields)
+        return replace(options, **fields) if fields else options
+
+    def wire(self, payload: Any) -> dict[str, Any]:
+        """The REST body of an item of ``payload`` with these options: the options by their
+        wire names, those left None left out (as fields not given). A timedelta ``delay`` is
+        sent as its seconds and a datetime ``scheduled_at`` as a wire time (naive means UTC);
+        any other value goes as it is, for the server to judge."""
+        body: dict[str, Any] = {"payload": payload}
+        if self.thread_id is not None:
+            body["threadId"] = self.thread_id
+        if self.delay is not None:
+            delay = self.delay
+            body["delaySeconds"] = delay.total_seconds() if isinstance(delay, timedelta) else delay
+        if self.scheduled_at is not None:
+            at = self.scheduled_at
+            body["scheduledAt"] = to_wire_time(at) if isinstance(at, datetime) else at
+        if self.key is not None:
+            body["key"] = self.key
+        return body
+
+
+@dataclass(frozen=True)
+class NewItem(ItemOptions):
+    """One item of ``post_many`` with its options (a bare payload needs none):
+    ``NewItem(payload, thread_id=..., delay=..., scheduled_at=..., key=...)``.
+
+    Without ``key``, a :class:`Producer` makes one up, so that resending the batch after a lost
+    answer is safe.
+    """
+
+    payload: Any
+
+    @classmethod
+    def of(cls, member: Any) -> NewItem:
+        """A member of ``post_many``: a NewItem as it is, a bare payload as one without
+        options."""
+        return member if isinstance(member, NewItem) else cls(member)

@@ -11,16 +11,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
-from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import httpx
 
 from . import _http
 from ._http import _UNSET, Attempt, Call
 from .errors import ItemFailed, WaitTimeout
-from .models import Item, QueueInfo
+from .models import Item, ItemOptionFields, ItemOptions, QueueInfo
 
 T = TypeVar("T")
 
@@ -148,21 +147,14 @@ class Producer(_Base):
         queue: str,
         payload: Any,
         *,
-        thread_id: str | None = None,
-        delay: float | timedelta | None = None,
-        scheduled_at: datetime | str | None = None,
-        key: str | None = None,
+        options: ItemOptions | None = None,
+        **fields: Unpack[ItemOptionFields],
     ) -> Item:
-        """Post one item. With a ``key`` whose item still exists in the queue, that item is
-        returned instead of a new one."""
-        body = _http.item_body(
-            payload,
-            thread_id=thread_id,
-            delay=delay,
-            scheduled_at=scheduled_at,
-            key=key,
-            auto_key=self.auto_key,
-        )
+        """Post one item, with ``options`` or their fields as keywords (``thread_id=``,
+        ``delay=`` or ``scheduled_at=``, ``key=``; a keyword wins over ``options``). With a
+        ``key`` whose item still exists in the queue, that item is returned instead of a new
+        one."""
+        body = _http.item_body(payload, ItemOptions.given(options, fields), self.auto_key)
         return self._run(_http.post_item(queue, body))
 
     def post_many(self, queue: str, items: Iterable[Any]) -> list[Item]:
@@ -317,19 +309,10 @@ class AsyncProducer(_Base):
         queue: str,
         payload: Any,
         *,
-        thread_id: str | None = None,
-        delay: float | timedelta | None = None,
-        scheduled_at: datetime | str | None = None,
-        key: str | None = None,
+        options: ItemOptions | None = None,
+        **fields: Unpack[ItemOptionFields],
     ) -> Item:
-        body = _http.item_body(
-            payload,
-            thread_id=thread_id,
-            delay=delay,
-            scheduled_at=scheduled_at,
-            key=key,
-            auto_key=self.auto_key,
-        )
+        body = _http.item_body(payload, ItemOptions.given(options, fields), self.auto_key)
         return await self._run(_http.post_item(queue, body))
 
     async def post_many(self, queue: str, items: Iterable[Any]) -> list[Item]:
