@@ -14,6 +14,9 @@ Every process that changes items publishes; server processes with ``/work`` sock
 A listener ignores its own news (it was delivered in-process already). News is a hint that
 makes a waiting party look now; losing one costs latency (a backstop re-check catches it),
 never correctness.
+
+The bus only carries news: what a process does with what it hears is ``events``'s business,
+which publishes through the bus and gives it, once, where heard news goes (``hear_with``).
 """
 
 from __future__ import annotations
@@ -175,22 +178,30 @@ def publish(news: Sequence[News]) -> None:
 
 _background: dict[tuple[str, str], Listener] = {}
 _background_lock = threading.Lock()
+_hear: Handler | None = None
+
+
+def hear_with(handler: Handler) -> None:
+    """Where the news heard in the background goes (``events`` gives its delivery here)."""
+    global _hear
+    _hear = handler
 
 
 def listen_in_background() -> None:
     """Hear other processes' news in this process, from now on: one listener, on an event
-    loop of a thread of its own, hands what it hears to ``events.deliver(remote=True)``,
-    whence it reaches long-polls and the ``/work`` dispatcher alike. Idempotent (one per
-    bus and state root)."""
-    from . import events
-
+    loop of a thread of its own, hands what it hears to the handler of ``hear_with``
+    (``events.deliver(remote=True)``), whence it reaches long-polls and the ``/work``
+    dispatcher alike. Idempotent (one per bus and state root)."""
+    handler = _hear
+    if handler is None:
+        raise RuntimeError("nothing takes the news heard on the bus (see bus.hear_with)")
     conf = get_conf()
     key = ("redis", conf.redis_url) if conf.redis_url else ("doorbell", str(_doorbell_dir()))
     with _background_lock:
         if key in _background:
             return
         loop = asyncio.new_event_loop()
-        listener = Listener(lambda news: events.deliver(news, remote=True))
+        listener = Listener(handler)
         started = threading.Event()
 
         def run() -> None:

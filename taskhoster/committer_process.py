@@ -1,6 +1,6 @@
 """Entry point of a committer process: ``python -m taskhoster.committer_process``.
 
-Started by a server process (``engine.process.ChildCommitter``), never by hand. Django is
+Started by a server process (the engine's ``ChildCommitter``), never by hand. Django is
 set up before the engine is imported.
 """
 
@@ -9,6 +9,6 @@ import django
 if __name__ == "__main__":
     django.setup()
 
-    from taskhoster.engine.process import run_child
+    from taskhoster import engine
 
-    run_child()
+    engine.run_child()

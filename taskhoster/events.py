@@ -3,8 +3,8 @@ verdict, an item a worker may hold was removed.
 
 ``announce`` delivers a group's news in this process (a condition variable wakes long-polls at
 once; listeners such as the ``/work`` dispatcher are called once with the whole batch) and
-publishes it to the other processes through ``bus`` in one message; a server process hands
-what it hears from the bus to ``deliver``.
+publishes it to the other processes through ``bus`` in one message; what a server process hears
+from the bus (``bus.listen_in_background``) comes to ``deliver`` too.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+from . import bus
 from .faults import fault
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,6 @@ def announce_many(news: Sequence[News], *, here: Sequence[News] | None = None) -
     deliver(local)
     if forward is not None:
         forward(local)
-    from . import bus
-
     try:
         bus.publish(news)
     except Exception:
@@ -102,6 +101,13 @@ def deliver(news: Sequence[News], *, remote: bool = False) -> None:
         _condition.notify_all()
     for listener in list(_listeners):
         listener(news, remote)
+
+
+def _heard(news: Sequence[News]) -> None:
+    deliver(news, remote=True)
+
+
+bus.hear_with(_heard)  # what this process hears on the bus is delivered here
 
 
 def _name_of(piece: News) -> str:

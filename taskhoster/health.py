@@ -33,9 +33,8 @@ from django.conf import settings
 from django.db import connection
 
 from . import bus as news_bus
-from . import metrics
+from . import engine, metrics
 from .conf import get_conf
-from .engine.common import store
 
 
 def _redacted(url: str) -> str:
@@ -98,16 +97,6 @@ def channel_layer() -> dict[str, Any]:
     return {"backend": backend, "scope": "all processes" if shared else "this process"}
 
 
-def free_space(root: Path) -> tuple[int, int] | None:
-    """(free bytes, free inodes) of the filesystem holding ``root``, as an unprivileged
-    process may use them (what is reserved for root is not counted); None if unknown."""
-    try:
-        stat = os.statvfs(root)
-    except OSError:
-        return None
-    return stat.f_bavail * stat.f_frsize, stat.f_favail
-
-
 def _write_probe(root: Path) -> str | None:
     """Write, flush and remove a small file in the state root: None, or why it failed."""
     path = root / f".health.{os.getpid()}"
@@ -126,7 +115,7 @@ def _write_probe(root: Path) -> str | None:
 
 
 def state_root() -> dict[str, Any]:
-    root = store().root  # resolved once, when the store was made
+    root = engine.store_root()  # resolved once, when the store was made
     answer: dict[str, Any] = {"path": str(root)}
     if not root.is_dir():
         answer["reachable"] = False
@@ -141,7 +130,7 @@ def state_root() -> dict[str, Any]:
         failed = _write_probe(root)
         if failed:
             problems.append(failed)
-    free = free_space(root)
+    free = metrics.free_space(root)
     if free is not None:
         answer["freeBytes"], answer["freeInodes"] = free
         if free[0] < conf.min_free_bytes:
@@ -158,9 +147,7 @@ def state_root() -> dict[str, Any]:
 
 def committer_backlog() -> dict[str, Any]:
     """What waits for this process's committer now: items, and the oldest one's wait."""
-    from .engine.committer import backlog
-
-    items, oldest = backlog()
+    items, oldest = engine.backlog()
     return {"waitingItems": items, "oldestWaitSeconds": round(oldest, 3)}
 
 

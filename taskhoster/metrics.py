@@ -8,6 +8,10 @@ Gauges (a process's open sockets, the items it believes its sockets hold) are ro
 same table named ``gauge:<name>``, replaced by their process while it runs and shown per
 process; a row its process stopped refreshing for ``GAUGE_TTL`` seconds (the process is gone)
 is left out, so whichever process answers ``/metrics`` shows the same live picture.
+
+The engine counts into this module, so it stands below the engine and imports none of it: what
+it shows of the state root (free space, files still to unlink) it reads from the root the
+settings name.
 """
 
 from __future__ import annotations
@@ -20,9 +24,13 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 
 from django.db import transaction
 from django.db.models import Sum
+
+from .conf import get_conf
+from .store import StateStore
 
 PROCESS = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -209,16 +217,32 @@ def render(may_see: Callable[[str], bool] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _state_root() -> StateStore:
+    """The state root the settings name, to look at (the engine writes it; nothing here asks
+    for a flush, so none is chosen)."""
+    return StateStore(get_conf().root, flush="fsync")
+
+
+def free_space(root: Path) -> tuple[int, int] | None:
+    """(free bytes, free inodes) of the filesystem holding ``root``, as an unprivileged
+    process may use them (what is reserved for root is not counted); None if unknown. Shown
+    here, and the readiness of ``/healthz`` (``health``) holds them against its thresholds."""
+    try:
+        stat = os.statvfs(root)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize, stat.f_favail
+
+
 def _render_reclaim() -> list[str]:
     """What background work still has to remove: the items of deleted queues not reclaimed
     yet (their counts are kept as their rows go), and the files named by lists of deferred
     unlinks (deletes by status, retention of many)."""
-    from .engine.common import store
     from .models import QueueCount
 
     rows = QueueCount.objects.filter(queue__deleting=True).aggregate(n=Sum("n"))["n"] or 0
     listed = 0
-    for path in store().unlink_lists():
+    for path in _state_root().unlink_lists():
         with contextlib.suppress(OSError), open(path, "rb") as handle:
             listed += sum(1 for _line in handle)
     return [
@@ -235,10 +259,7 @@ def _render_reclaim() -> list[str]:
 
 def _render_state_root() -> list[str]:
     """Free space and inodes of the state root's filesystem (readiness: ``/healthz``)."""
-    from .engine.common import store
-    from .health import free_space
-
-    free = free_space(store().root)
+    free = free_space(_state_root().root)
     if free is None:
         return []
     return [

@@ -1,27 +1,33 @@
-"""Helpers shared by the admin pages: a paginator that never counts a huge table, links, and
-times to the second."""
+"""Helpers shared by the admin pages: a paginator that never counts a huge table, each queue's
+figures of the last minutes (the queue list and the overview show them), links, and times to
+the second."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import admin
 from django.core.paginator import Paginator
+from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from ..status import Status
+from ..models import Item, Queue
+from ..status import LIVE_STATUSES, TERMINAL_STATUSES, Status
+from ..timeutil import now as utcnow
 
 # Counts stop at this many rows (a queue's count per status shows "10000+").
 COUNT_CAP = 10_000
 # A list counts only this many pages past the one asked for.
 PAGES_AHEAD = 10
+# What finished or failed this recently is shown per queue.
+RECENT = timedelta(minutes=5)
 
 
 def capped_count(queryset: Any, cap: int = COUNT_CAP) -> int:
@@ -62,6 +68,43 @@ def status_in(statuses: tuple[Status, ...]) -> str:
     parameters, which the planner cannot match.
     """
     return "status IN ({})".format(", ".join(f"'{s.value}'" for s in statuses))
+
+
+def _recent(status: Status, since: Any) -> Subquery:
+    rows = (
+        Item.objects.filter(queue=OuterRef("pk"), finished_at__gte=since)
+        .extra(where=[status_in(TERMINAL_STATUSES)])
+        .filter(status=status)
+        .order_by()
+        .values("queue")
+        .annotate(n=Count("id"))
+        .values("n")
+    )
+    return Subquery(rows, output_field=IntegerField())
+
+
+def _oldest_pending() -> Subquery:
+    # The literal status IN (live) matches the partial index item_age_clock.
+    rows = (
+        Item.objects.filter(queue=OuterRef("pk"))
+        .extra(where=[status_in(LIVE_STATUSES)])
+        .filter(status=Status.PENDING)
+        .order_by("posted_at")
+        .values("posted_at")[:1]
+    )
+    return Subquery(rows)
+
+
+def with_stats(queryset: QuerySet[Queue]) -> QuerySet[Queue]:
+    """``queryset`` with each queue's finished and failed items of the last ``RECENT``
+    (``recent_finished``, ``recent_failed``) and its oldest pending item's post time
+    (``oldest_pending``)."""
+    since = utcnow() - RECENT
+    return queryset.annotate(
+        recent_finished=_recent(Status.FINISHED, since),
+        recent_failed=_recent(Status.FAILED, since),
+        oldest_pending=_oldest_pending(),
+    )
 
 
 def item_url(item_id: str) -> str:

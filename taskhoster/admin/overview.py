@@ -22,7 +22,7 @@ from django.utils.safestring import SafeString
 from ..models import Item, Queue
 from ..status import TERMINAL_STATUSES
 from ..timeutil import now as utcnow
-from .common import status_in
+from .common import status_in, with_stats
 
 MINUTES = 60
 WIDTH, HEIGHT, PAD = 720, 160, 30
@@ -94,8 +94,6 @@ def chart_svg(posts: list[int], finishes: list[int]) -> SafeString:
 
 def overview_view(request: HttpRequest) -> HttpResponse:
     from django.contrib import admin
-
-    from .queues import with_stats
 
     if not request.user.has_perm("taskhoster.view_queue"):
         # Every queue's name and counts: for those who may view queues.

@@ -4,28 +4,25 @@ of the oldest pending item and what finished or failed in the last five minutes.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from django import forms
 from django.contrib import admin
-from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import URLPattern, path
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from ..engine import upsert_queue
-from ..engine.queues import WIRE_TO_FIELD, clean_settings, validate_queue_name
+from .. import engine
 from ..errors import InvalidInput
 from ..models import Item, Queue
-from ..status import LIVE_STATUSES, TERMINAL_STATUSES, Status
+from ..status import Status
 from ..timeutil import now as utcnow
-from .common import capped_count, capped_label, items_url, status_in
+from .common import capped_count, capped_label, items_url, with_stats
 from .overview import overview_view
 
-FIELD_TO_WIRE = {field: wire for wire, field in WIRE_TO_FIELD.items()}
-RECENT = timedelta(minutes=5)
+FIELD_TO_WIRE = {field: wire for wire, field in engine.WIRE_TO_FIELD.items()}
 
 
 class QueueForm(forms.ModelForm):
@@ -46,47 +43,13 @@ class QueueForm(forms.ModelForm):
             return data
         name = self.instance.name if self.instance.pk else data.get("name", "")
         try:
-            validate_queue_name(name)
-            values = clean_settings(name, self.wire_body())
+            engine.validate_queue_name(name)
+            values = engine.clean_settings(name, self.wire_body())
         except InvalidInput as exc:
             raise forms.ValidationError(exc.message, code=exc.code) from None
         if values.get("backoff_max_seconds", 0) < values.get("backoff_seconds", 0):
             raise forms.ValidationError("backoffMaxSeconds must be at least backoffSeconds")
         return data
-
-
-def _recent(status: Status, since: Any) -> Subquery:
-    rows = (
-        Item.objects.filter(queue=OuterRef("pk"), finished_at__gte=since)
-        .extra(where=[status_in(TERMINAL_STATUSES)])
-        .filter(status=status)
-        .order_by()
-        .values("queue")
-        .annotate(n=Count("id"))
-        .values("n")
-    )
-    return Subquery(rows, output_field=IntegerField())
-
-
-def _oldest_pending() -> Subquery:
-    # The literal status IN (live) matches the partial index item_age_clock.
-    rows = (
-        Item.objects.filter(queue=OuterRef("pk"))
-        .extra(where=[status_in(LIVE_STATUSES)])
-        .filter(status=Status.PENDING)
-        .order_by("posted_at")
-        .values("posted_at")[:1]
-    )
-    return Subquery(rows)
-
-
-def with_stats(queryset: QuerySet[Queue]) -> QuerySet[Queue]:
-    since = utcnow() - RECENT
-    return queryset.annotate(
-        recent_finished=_recent(Status.FINISHED, since),
-        recent_failed=_recent(Status.FAILED, since),
-        oldest_pending=_oldest_pending(),
-    )
 
 
 def count_link(queue: Queue, status: Status) -> SafeString:
@@ -141,7 +104,7 @@ class QueueAdmin(admin.ModelAdmin):
         return with_stats(super().get_queryset(request).filter(deleting=False))
 
     def save_model(self, request: HttpRequest, obj: Queue, form: Any, change: bool) -> None:
-        queue, _created = upsert_queue(name=obj.name, body=form.wire_body())
+        queue, _created = engine.upsert_queue(name=obj.name, body=form.wire_body())
         obj.pk = queue.pk
         obj.created_at = queue.created_at
 

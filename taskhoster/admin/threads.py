@@ -1,5 +1,5 @@
 """Threads: each live thread's head, member count and processing member; the detail page
-lists its members in head order (the engine's own read, ``engine.threads.thread_members``)."""
+lists its members in head order (the engine's own read, ``engine.thread_members``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from ..engine.rows import first_pending_member
-from ..engine.threads import thread_members
+from .. import engine
 from ..models import Thread
 from .common import CappedPaginator, item_link, items_url, paginator_for, when
 
@@ -53,8 +52,7 @@ class ThreadAdmin(admin.ModelAdmin):
 
     @admin.display(description="head")
     def head(self, obj: Thread) -> SafeString | str:
-        head = obj.head_item or first_pending_member(obj.queue_id, obj.thread_id)
-        return item_link(head)
+        return item_link(engine.thread_head(obj))
 
     @admin.display(description="processing")
     def processing(self, obj: Thread) -> SafeString | str:
@@ -62,7 +60,7 @@ class ThreadAdmin(admin.ModelAdmin):
 
     @admin.display(description="members in head order")
     def members(self, obj: Thread) -> SafeString:
-        rows, more = thread_members(
+        rows, more = engine.thread_members(
             queue=obj.queue, thread_id=obj.thread_id, after=None, limit=MEMBERS_SHOWN
         )
         body = format_html_join(

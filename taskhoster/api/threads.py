@@ -6,9 +6,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from .. import engine
-from ..engine.threads import ThreadView, get_thread, list_threads, thread_members
-from ..errors import InvalidInput
-from ..models import Item
 from . import params
 from .auth import require
 from .base import ApiView
@@ -25,7 +22,7 @@ from .schema import (
 from .views import _queue_or_404
 
 
-def _wire(view: ThreadView) -> dict[str, object]:
+def _wire(view: engine.ThreadView) -> dict[str, object]:
     return {
         "threadId": view.thread_id,
         "memberCount": view.member_count,
@@ -49,7 +46,9 @@ class ThreadListView(ApiView):
         after = decode_cursor(request.query_params.get("cursor"))
         if after is not None:
             params.thread_id(after)
-        views, last = list_threads(queue=q, after=after, limit=params.limit(request.query_params))
+        views, last = engine.list_threads(
+            queue=q, after=after, limit=params.limit(request.query_params)
+        )
         return Response({"threads": [_wire(v) for v in views], "next": encode_cursor(last)})
 
 
@@ -72,14 +71,11 @@ class ThreadDetailView(ApiView):
         require(request, "produce", "manage", queue=queue)
         q = _queue_or_404(queue)
         params.thread_id(thread_id)
-        view = get_thread(queue=q, thread_id=thread_id)
-        after = None
-        cursor = decode_cursor(request.query_params.get("cursor"))
-        if cursor:
-            after = Item.objects.filter(id=cursor, queue=q, thread_id=thread_id).first()
-            if after is None:
-                raise InvalidInput("invalid cursor", code="invalid_cursor")
-        members, last = thread_members(
+        view = engine.get_thread(queue=q, thread_id=thread_id)
+        after = decode_cursor(request.query_params.get("cursor"))
+        if after:
+            engine.check_thread_cursor(queue=q, thread_id=thread_id, after=after)
+        members, last = engine.thread_members(
             queue=q, thread_id=thread_id, after=after, limit=params.limit(request.query_params)
         )
         return Response(

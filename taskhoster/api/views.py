@@ -20,13 +20,14 @@ from .. import contract, engine, events, health, metrics
 from ..conf import get_conf
 from ..errors import InvalidInput, ItemNotFound
 from ..keys import authenticate, parse_authorization
-from ..models import Item, Queue
+from ..models import Queue
 from ..status import Status
 from ..timeutil import now as utcnow
 from ..timeutil import to_wire
+from . import loop_posts
 from . import params as params_
-from .auth import key_for_post, principal_of, require
-from .base import ApiView, EngineAnswer
+from .auth import principal_of, require
+from .base import ApiView
 from .cursors import decode_cursor, encode_cursor
 from .schema import (
     AUTH_ERRORS,
@@ -87,11 +88,7 @@ def _queue_wire(queue: Queue, counts: dict[str, int]) -> dict[str, Any]:
 
 
 def _item_queue_name(item_id: str) -> str:
-    name = (
-        Item.objects.filter(id=item_id, queue__deleting=False)
-        .values_list("queue__name", flat=True)
-        .first()
-    )
+    name = engine.item_queue(item_id)
     if name is None:
         raise ItemNotFound(f"item {item_id!r} does not exist")
     return name
@@ -112,7 +109,7 @@ class QueueListView(ApiView):
     @documented("listQueues", summary="List queues", scopes=(), responses={200: "QueueList"})
     def get(self, request: Request) -> Response:
         principal = require(request)
-        queues = [q for q in Queue.objects.filter(deleting=False) if principal.may_use(q.name)]
+        queues = [q for q in engine.live_queues() if principal.may_use(q.name)]
         counts = engine.counts_by_queue([q.id for q in queues])
         return Response([_queue_wire(q, counts[q.id]) for q in queues])
 
@@ -237,27 +234,25 @@ class QueueItemsView(ApiView):
         ),
         body=True,
     )
-    def post(self, request: Request, queue: str) -> Response | EngineAnswer:
-        engine.admit_post()  # overloaded: 503 at once, before any other work
-        key_hash = key_for_post(request, queue=queue)
-        engine.queues.validate_queue_name(queue)  # the group answers 404 for a missing one
-        body = request.data
-        batch = isinstance(body, dict) and "items" in body
-        items = engine.new_items(body)
+    def post(self, request: Request, queue: str) -> HttpResponse:
+        def new_items() -> list[engine.NewItem]:
+            engine.queues.validate_queue_name(queue)  # the group answers 404 for a missing one
+            return engine.new_items(request.data)
 
         def answer(posted: list[engine.Posted]) -> Response:
             # A repeated key answers its item as GET shows it, result included.
             wires = [engine.item_json(p.row, payload=p.payload, result=p.result) for p in posted]
-            if batch:
+            body = request.data  # parsed by new_items
+            if isinstance(body, dict) and "items" in body:
                 return Response({"items": wires}, status=status.HTTP_201_CREATED)
             code = status.HTTP_201_CREATED if posted[0].created else status.HTTP_200_OK
             return Response(wires[0], status=code)
 
-        if key_hash is None:  # in a thread, the key checked
-            return answer(engine.post_items(queue_name=queue, items=items))
-        soon = engine.post_items_soon(queue_name=queue, items=items, key_hash=key_hash)
-        events.posting(queue)  # this process's sockets may claim it in the post's own group
-        return EngineAnswer(self, request, soon, answer)
+        if loop_posts.on_the_loop(request):  # the key is left to the engine's group
+            return loop_posts.post_later(self, request, queue, new_items, answer)
+        engine.admit_post()  # overloaded: 503 at once, before any other work
+        require(request, "produce", queue=queue)
+        return answer(engine.post_items(queue_name=queue, items=new_items()))
 
 
 class BulkDeleteView(ApiView):

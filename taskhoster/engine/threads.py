@@ -1,7 +1,7 @@
 """Reads of threads (the seed ``000``): each live thread's head, member count and processing
 member, and its members in head order.
 
-Thread rows are maintained by every group commit (``group.Group._settle_threads``); this
+Thread rows are maintained by every group commit (``rules.settle``, ``group.Group``); this
 module only reads them.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from django.db.models import Q
 
-from ..errors import NotFound
+from ..errors import InvalidInput, NotFound
 from ..models import Item, Queue, Thread
 from ..status import Status
 from .rows import first_pending_member
@@ -25,9 +25,15 @@ class ThreadView:
     processing: str | None
 
 
+def thread_head(thread: Thread) -> str | None:
+    """The id of the thread's head: the member that goes next (or is processing)."""
+    return thread.head_item or first_pending_member(thread.queue_id, thread.thread_id)
+
+
 def _view(thread: Thread) -> ThreadView:
-    head = thread.head_item or first_pending_member(thread.queue_id, thread.thread_id)
-    return ThreadView(thread.thread_id, thread.member_count, head, thread.processing_item)
+    return ThreadView(
+        thread.thread_id, thread.member_count, thread_head(thread), thread.processing_item
+    )
 
 
 def list_threads(
@@ -52,20 +58,32 @@ def get_thread(*, queue: Queue, thread_id: str) -> ThreadView:
     return _view(thread)
 
 
+def check_thread_cursor(*, queue: Queue, thread_id: str, after: str) -> None:
+    """``InvalidInput`` (``invalid_cursor``) unless ``after`` is one of the thread's items: a
+    page's position for ``thread_members``, judged before the page's other parameters."""
+    if not Item.objects.filter(queue=queue, thread_id=thread_id, id=after).exists():
+        raise InvalidInput("invalid cursor", code="invalid_cursor")
+
+
 def thread_members(
-    *, queue: Queue, thread_id: str, after: Item | None, limit: int
+    *, queue: Queue, thread_id: str, after: str | None, limit: int
 ) -> tuple[list[Item], str | None]:
     """Live members in head order: the processing member first, then pending ones by
-    ``scheduled_at`` and arrival. ``after`` continues a page from that member."""
+    ``scheduled_at`` and arrival. ``after`` (an item id: the position a page ended at)
+    continues from that member, which must be one of the thread's items (``InvalidInput``,
+    ``invalid_cursor``, if not); it may have moved on since (claimed, finished)."""
     rows = Item.objects.filter(queue=queue, thread_id=thread_id)
     page: list[Item] = []
     if after is None:
         page.extend(rows.filter(status=Status.PROCESSING).order_by("id"))
         pending = rows.filter(status=Status.PENDING)
     else:
+        position = rows.filter(id=after).only("scheduled_at", "seq").first()
+        if position is None:
+            raise InvalidInput("invalid cursor", code="invalid_cursor")
         pending = rows.filter(status=Status.PENDING).filter(
-            Q(scheduled_at__gt=after.scheduled_at)
-            | Q(scheduled_at=after.scheduled_at, seq__gt=after.seq)
+            Q(scheduled_at__gt=position.scheduled_at)
+            | Q(scheduled_at=position.scheduled_at, seq__gt=position.seq)
         )
     page.extend(pending.order_by("scheduled_at", "seq")[: max(0, limit + 1 - len(page))])
     more = len(page) > limit

@@ -1095,3 +1095,31 @@ def test_state_root_holds_one_directory_per_state(api, q, state_root: Path):
     finish(api, item["id"])
     assert (state_root / "q" / "done" / f"{item['id']}.json").is_file()
     assert not (state_root / "q" / "pending" / f"{item['id']}.json").exists()
+
+
+def test_a_threads_members_page_by_cursor_and_a_foreign_cursor_is_refused_first(api, q):
+    """``GET /api/queues/{q}/threads/{t}``: members in head order, a page at a time; a cursor
+    that names no member of the thread is ``invalid_cursor``, judged before the limit."""
+    members = [post(api, payload=n, threadId="t")["id"] for n in range(5)]
+    other = post(api, payload="x", threadId="u")["id"]
+    seen: list[str] = []
+    cursor = ""
+    while True:
+        page = ok(api.get(f"/api/queues/q/threads/t?limit=2{cursor}"), 200)
+        seen += [m["id"] for m in page["members"]]
+        if page["next"] is None:
+            break
+        cursor = f"&cursor={page['next']}"
+    assert seen == members
+    response = api.get(f"/api/queues/q/threads/t?limit=2&cursor={_cursor_of(api, other)}")
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_cursor"
+    response = api.get(f"/api/queues/q/threads/t?limit=0&cursor={_cursor_of(api, other)}")
+    assert response.json()["error"]["code"] == "invalid_cursor"
+
+
+def _cursor_of(api: Any, item_id: str) -> str:
+    """The cursor a page ending at ``item_id`` would give (an opaque string to a client)."""
+    from taskhoster.api.cursors import encode_cursor
+
+    return str(encode_cursor(item_id))
