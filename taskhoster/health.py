@@ -35,6 +35,7 @@ from django.db import connection
 from . import bus as news_bus
 from . import engine, metrics
 from .conf import get_conf
+from .store import free_space
 
 
 def _redacted(url: str) -> str:
@@ -130,7 +131,7 @@ def state_root() -> dict[str, Any]:
         failed = _write_probe(root)
         if failed:
             problems.append(failed)
-    free = metrics.free_space(root)
+    free = free_space(root)
     if free is not None:
         answer["freeBytes"], answer["freeInodes"] = free
         if free[0] < conf.min_free_bytes:

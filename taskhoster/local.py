@@ -262,11 +262,11 @@ def _walk_json(value: Any, path: list[str]) -> None:
 def _post(
     queue: str, bodies: list[dict[str, Any]], *, batch: bool, using: str | None, robust: bool
 ) -> list[Posting]:
-    engine.queues.validate_queue_name(queue)
+    engine.validate_queue_name(queue)
     new = engine.new_items({"items": bodies} if batch else bodies[0])
     postings = [Posting(queue) for _ in new]
     # The caller's alias first, then Taskhoster's own: an engine call made inside a
-    # transaction on ``default`` would run in it (``engine.committer.execute``), and a
+    # transaction on ``default`` would run in it (``engine.execute``), and a
     # rollback would then take its row but leave its file.
     aliases = list(dict.fromkeys([using or DEFAULT_DB_ALIAS, DEFAULT_DB_ALIAS]))
     deferred = _in_transaction(aliases)

@@ -24,13 +24,12 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
-from pathlib import Path
 
 from django.db import transaction
 from django.db.models import Sum
 
 from .conf import get_conf
-from .store import StateStore
+from .store import StateStore, free_space
 
 PROCESS = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -212,29 +211,15 @@ def render(may_see: Callable[[str], bool] | None = None) -> str:
         )
         lines.append(f'taskhoster_post_to_claim_seconds_count{{queue="{q}"}} {total:g}')
     lines.extend(_render_gauges(shown))
-    lines.extend(_render_reclaim())
-    lines.extend(_render_state_root())
+    # The state root the settings name, looked at (the engine writes it; nothing here asks
+    # for a flush, so none is chosen).
+    root = StateStore(get_conf().root, flush="fsync")
+    lines.extend(_render_reclaim(root))
+    lines.extend(_render_state_root(root))
     return "\n".join(lines) + "\n"
 
 
-def _state_root() -> StateStore:
-    """The state root the settings name, to look at (the engine writes it; nothing here asks
-    for a flush, so none is chosen)."""
-    return StateStore(get_conf().root, flush="fsync")
-
-
-def free_space(root: Path) -> tuple[int, int] | None:
-    """(free bytes, free inodes) of the filesystem holding ``root``, as an unprivileged
-    process may use them (what is reserved for root is not counted); None if unknown. Shown
-    here, and the readiness of ``/healthz`` (``health``) holds them against its thresholds."""
-    try:
-        stat = os.statvfs(root)
-    except OSError:
-        return None
-    return stat.f_bavail * stat.f_frsize, stat.f_favail
-
-
-def _render_reclaim() -> list[str]:
+def _render_reclaim(root: StateStore) -> list[str]:
     """What background work still has to remove: the items of deleted queues not reclaimed
     yet (their counts are kept as their rows go), and the files named by lists of deferred
     unlinks (deletes by status, retention of many)."""
@@ -242,7 +227,7 @@ def _render_reclaim() -> list[str]:
 
     rows = QueueCount.objects.filter(queue__deleting=True).aggregate(n=Sum("n"))["n"] or 0
     listed = 0
-    for path in _state_root().unlink_lists():
+    for path in root.unlink_lists():
         with contextlib.suppress(OSError), open(path, "rb") as handle:
             listed += sum(1 for _line in handle)
     return [
@@ -257,9 +242,9 @@ def _render_reclaim() -> list[str]:
     ]
 
 
-def _render_state_root() -> list[str]:
+def _render_state_root(root: StateStore) -> list[str]:
     """Free space and inodes of the state root's filesystem (readiness: ``/healthz``)."""
-    free = free_space(_state_root().root)
+    free = free_space(root.root)
     if free is None:
         return []
     return [

@@ -77,6 +77,18 @@ def _load_syncfs() -> Any:
 _syncfs = _load_syncfs()
 
 
+def free_space(root: Path) -> tuple[int, int] | None:
+    """(free bytes, free inodes) of the filesystem holding ``root``, as an unprivileged
+    process may use them (what is reserved for root is not counted); None if unknown.
+    ``/metrics`` shows them, and the readiness of ``/healthz`` holds them against its
+    thresholds."""
+    try:
+        stat = os.statvfs(root)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize, stat.f_favail
+
+
 def filesystem_type(path: Path) -> str | None:
     """The type of the filesystem ``path`` (or its nearest existing parent) is on, from
     ``/proc/self/mountinfo`` (Linux); None where that cannot be read."""

@@ -72,9 +72,10 @@ class ThreadDetailView(ApiView):
         q = _queue_or_404(queue)
         params.thread_id(thread_id)
         view = engine.get_thread(queue=q, thread_id=thread_id)
-        after = decode_cursor(request.query_params.get("cursor"))
-        if after:
-            engine.check_thread_cursor(queue=q, thread_id=thread_id, after=after)
+        cursor = decode_cursor(request.query_params.get("cursor"))
+        after = (
+            engine.thread_position(queue=q, thread_id=thread_id, after=cursor) if cursor else None
+        )
         members, last = engine.thread_members(
             queue=q, thread_id=thread_id, after=after, limit=params.limit(request.query_params)
         )

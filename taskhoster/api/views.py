@@ -79,7 +79,7 @@ waits = Waits()
 
 
 def _queue_or_404(name: str) -> Queue:
-    engine.queues.validate_queue_name(name)
+    engine.validate_queue_name(name)
     return engine.get_live_queue(name)
 
 
@@ -163,7 +163,7 @@ class QueueView(ApiView):
     )
     def delete(self, request: Request, queue: str) -> Response:
         require(request, "manage", queue=queue)
-        engine.queues.validate_queue_name(queue)
+        engine.validate_queue_name(queue)
         engine.delete_queue(queue_name=queue)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -174,8 +174,8 @@ def _item_cursor(cursor: str | None) -> str | None:
 
 
 class QueueItemsView(ApiView):
-    # A post is answered on the handler's event loop (taskhoster.asgi): the engine's group
-    # checks the key with the rest of its work.
+    # A post may be answered on the handler's event loop (taskhoster.asgi reads this), the
+    # engine's group checking the key with the rest of its work: api/loop_posts.py.
     loop_methods = frozenset({"post"})
 
     @documented(
@@ -236,7 +236,7 @@ class QueueItemsView(ApiView):
     )
     def post(self, request: Request, queue: str) -> HttpResponse:
         def new_items() -> list[engine.NewItem]:
-            engine.queues.validate_queue_name(queue)  # the group answers 404 for a missing one
+            engine.validate_queue_name(queue)  # the group answers 404 for a missing one
             return engine.new_items(request.data)
 
         def answer(posted: list[engine.Posted]) -> Response:

@@ -6,7 +6,6 @@ nothing else changes an item's state. Every change is an operation of a group co
 files; a single call is a group of one.
 """
 
-from . import queues, threads
 from .admission import backlog, overloaded
 from .clocks import SweepReport, sweep
 from .committer import execute, execute_async, hold_start, start_is_held
@@ -52,11 +51,11 @@ from .rows import first_pending_member, next_due
 from .rules import LEASE_EXPIRED, TIMEOUT, WORKER_DISCONNECTED, Clock, ItemRow
 from .threads import (
     ThreadView,
-    check_thread_cursor,
     get_thread,
     list_threads,
     thread_head,
     thread_members,
+    thread_position,
 )
 from .transitions import (
     admit_post,
@@ -109,7 +108,6 @@ __all__ = [
     "apply_clock",
     "backlog",
     "check_schedule",
-    "check_thread_cursor",
     "claim",
     "clean_settings",
     "counts_by_queue",
@@ -141,7 +139,6 @@ __all__ = [
     "post_items",
     "post_items_soon",
     "queue_settings",
-    "queues",
     "rebuild_threads",
     "reclaim_deleted_queues",
     "release_unsent",
@@ -157,7 +154,7 @@ __all__ = [
     "sweep",
     "thread_head",
     "thread_members",
-    "threads",
+    "thread_position",
     "time_out_if_aged",
     "upsert_queue",
     "validate_queue_name",

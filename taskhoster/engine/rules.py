@@ -413,14 +413,16 @@ def retain(row: ItemRow, queue: QueueInfo, *, at: datetime) -> Remove | Keep:
     return Remove(reason=None)
 
 
+CLOCKS: dict[Clock, Callable[..., Move | Remove | Keep]] = {
+    Clock.LAPSE: lapse,
+    Clock.TIMEOUT: time_out,
+    Clock.RETAIN: retain,
+}
+
+
 def clock(which: Clock, row: ItemRow, queue: QueueInfo, *, at: datetime) -> Move | Remove | Keep:
     """The sweep: one clock's rule for one item, re-checked at ``at``."""
-    rules: dict[Clock, Callable[..., Move | Remove | Keep]] = {
-        Clock.LAPSE: lapse,
-        Clock.TIMEOUT: time_out,
-        Clock.RETAIN: retain,
-    }
-    return rules[which](row, queue, at=at)
+    return CLOCKS[which](row, queue, at=at)
 
 
 def delete(row: ItemRow, *, queue_id: int | None) -> Remove | Keep:

@@ -8,6 +8,7 @@ module only reads them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db.models import Q
 
@@ -58,32 +59,42 @@ def get_thread(*, queue: Queue, thread_id: str) -> ThreadView:
     return _view(thread)
 
 
-def check_thread_cursor(*, queue: Queue, thread_id: str, after: str) -> None:
-    """``InvalidInput`` (``invalid_cursor``) unless ``after`` is one of the thread's items: a
-    page's position for ``thread_members``, judged before the page's other parameters."""
-    if not Item.objects.filter(queue=queue, thread_id=thread_id, id=after).exists():
+@dataclass(frozen=True)
+class ThreadPosition:
+    """Where a page of a thread's members ended: the member's place in line."""
+
+    scheduled_at: datetime
+    seq: str
+
+
+def thread_position(*, queue: Queue, thread_id: str, after: str) -> ThreadPosition:
+    """The place in line of ``after``, a page's cursor (an item id), for ``thread_members``:
+    ``InvalidInput`` (``invalid_cursor``) unless it is one of the thread's items. It may have
+    moved on since (claimed, finished)."""
+    found = (
+        Item.objects.filter(queue=queue, thread_id=thread_id, id=after)
+        .values_list("scheduled_at", "seq")
+        .first()
+    )
+    if found is None:
         raise InvalidInput("invalid cursor", code="invalid_cursor")
+    return ThreadPosition(*found)
 
 
 def thread_members(
-    *, queue: Queue, thread_id: str, after: str | None, limit: int
+    *, queue: Queue, thread_id: str, after: ThreadPosition | None, limit: int
 ) -> tuple[list[Item], str | None]:
     """Live members in head order: the processing member first, then pending ones by
-    ``scheduled_at`` and arrival. ``after`` (an item id: the position a page ended at)
-    continues from that member, which must be one of the thread's items (``InvalidInput``,
-    ``invalid_cursor``, if not); it may have moved on since (claimed, finished)."""
+    ``scheduled_at`` and arrival; ``after`` (``thread_position``) continues a page."""
     rows = Item.objects.filter(queue=queue, thread_id=thread_id)
     page: list[Item] = []
     if after is None:
         page.extend(rows.filter(status=Status.PROCESSING).order_by("id"))
         pending = rows.filter(status=Status.PENDING)
     else:
-        position = rows.filter(id=after).only("scheduled_at", "seq").first()
-        if position is None:
-            raise InvalidInput("invalid cursor", code="invalid_cursor")
         pending = rows.filter(status=Status.PENDING).filter(
-            Q(scheduled_at__gt=position.scheduled_at)
-            | Q(scheduled_at=position.scheduled_at, seq__gt=position.seq)
+            Q(scheduled_at__gt=after.scheduled_at)
+            | Q(scheduled_at=after.scheduled_at, seq__gt=after.seq)
         )
     page.extend(pending.order_by("scheduled_at", "seq")[: max(0, limit + 1 - len(page))])
     more = len(page) > limit

@@ -96,12 +96,6 @@ def _engine_modules() -> set[str]:
 
 
 ENGINE_MODULES = _engine_modules()
-# Reached through the facade's ``queues`` by code of other hands when this test was written;
-# ``engine.validate_queue_name`` is exported for them. Remove each as it goes.
-STILL_THROUGH_THE_FACADE = {
-    ("taskhoster/api/views.py", "queues"),
-    ("taskhoster/local.py", "queues"),
-}
 
 
 def test_outside_code_reaches_no_engine_module_through_the_facade() -> None:
@@ -115,7 +109,6 @@ def test_outside_code_reaches_no_engine_module_through_the_facade() -> None:
                 and isinstance(node.value, ast.Name)
                 and node.value.id == "engine"
                 and node.attr in ENGINE_MODULES
-                and (name, node.attr) not in STILL_THROUGH_THE_FACADE
             ):
                 found.append(f"{name}:{node.lineno}: engine.{node.attr}")
     assert not found, "use what taskhoster/engine/__init__.py exports:\n" + "\n".join(found)
