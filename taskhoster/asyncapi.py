@@ -77,6 +77,14 @@ ITEM_FRAME = Body(
         ),
         _always(_POSTED["payload"]),
         _always(_POSTED["threadId"]),
+        Field(
+            "priority",
+            "integer",
+            required=True,
+            minimum=0,
+            maximum=contract.MAX_PRIORITY,
+            description="Higher first among a queue's claimable items.",
+        ),
         Field("scheduledAt", "time", required=True, description="When it became claimable."),
         Field("postedAt", "time", required=True),
         Field(
@@ -197,6 +205,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "status": "processing",
         "payload": {"to": "ada@example.com"},
         "threadId": None,
+        "priority": 0,
         "scheduledAt": "2026-01-31T12:00:00.000000Z",
         "postedAt": "2026-01-31T12:00:00.000000Z",
         "attempts": 1,

@@ -44,6 +44,7 @@ KEY_MAX_CHARS = 200  # an idempotency key (the index's key column)
 ERROR_MAX_CHARS = 10_000  # a fail's error text (taskhoster.client cuts its texts to this)
 MAX_LEASE_SECONDS = 7 * DAY  # a queue's leaseSeconds, hence an extend's seconds
 MAX_DELAY_SECONDS = 366 * DAY  # a queue's queueSeconds, hence a post's delaySeconds
+MAX_PRIORITY = 9  # SPEC section 8.1 (the claim index is probed once per level)
 # What a socket frame or a REST body of one item may hold besides its payload or result (the
 # id, lease, threadId, key, error text, and JSON's escapes of them).
 ENVELOPE_BYTES = 64 * 1024
@@ -350,6 +351,17 @@ THREAD_ID = Field(
         f"Members of one thread run one at a time: 1-{THREAD_ID_MAX_CHARS} printable characters."
     ),
 )
+PRIORITY = Field(
+    "priority",
+    "integer",
+    nullable=True,
+    minimum=0,
+    maximum=MAX_PRIORITY,
+    description=(
+        f"0-{MAX_PRIORITY} (default 0): among a queue's claimable items, higher priorities are "
+        "handed out first, then earliest scheduledAt, then arrival."
+    ),
+)
 POST_ITEM = Body(
     "PostItem",
     (
@@ -384,6 +396,7 @@ POST_ITEM = Body(
             max_length=KEY_MAX_CHARS,
             description="Idempotency key: a post repeating a live key gets that item.",
         ),
+        PRIORITY,
     ),
     at_most_one_of=(("scheduledAt", "delaySeconds"),),
     description="One item to post.",

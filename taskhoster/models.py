@@ -62,6 +62,28 @@ class Queue(models.Model):
         blank=True,
         help_text="Name of another queue; an item that dies is copied there as a new pending item.",
     )
+    paused = models.BooleanField(
+        default=False,
+        help_text="While on, nothing of the queue is handed out; posts, verdicts and every "
+        "clock go on.",
+    )
+    max_processing = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Empty = no limit; else at most this many items processing at once, across "
+        "every worker and server process.",
+    )
+    rate_limit = models.JSONField(
+        null=True,
+        blank=True,
+        help_text='Empty = no limit; else {"count": N, "seconds": S}: at most N claims start in '
+        "any S seconds, across every server process.",
+    )
+    thread_limit = models.PositiveIntegerField(
+        default=1,
+        help_text="At most this many members of one thread processing at once (1: one at a "
+        "time, the threads' rule).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     deleting = models.BooleanField(default=False)
 
@@ -83,8 +105,12 @@ class Thread(models.Model):
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="threads")
     thread_id = models.CharField(max_length=200)
     member_count = models.PositiveIntegerField(default=0)
+    # Its members processing, as the item rows said when the thread last changed, and one
+    # of them (to show).
+    processing = models.PositiveIntegerField(default=0)
     processing_item = models.CharField(max_length=64, null=True, blank=True)
-    head_item = models.CharField(max_length=64, null=True, blank=True)
+    # Its eligible members: the first ``threadLimit - processing`` pending ones in line.
+    heads = models.JSONField(default=list, blank=True)
 
     class Meta:
         constraints = [
@@ -105,6 +131,8 @@ class Item(models.Model):
     # True exactly when the item may be claimed as soon as it is due: pending, and either
     # unthreaded or the head of a thread with no member processing.
     eligible = models.BooleanField(default=False)
+    # 0-9, higher first among the claimable items of a queue (SPEC section 8.1).
+    priority = models.PositiveSmallIntegerField(default=0)
     thread_id = models.CharField(max_length=200, null=True, blank=True)
     key = models.CharField(max_length=200, null=True, blank=True)
     # Arrival order: the id at post, a fresh id-like value at restart (a brand-new arrival).
@@ -126,9 +154,10 @@ class Item(models.Model):
     class Meta:
         indexes = [
             models.Index(
-                fields=["queue", "scheduled_at", "seq"],
+                # A claim probes it once per priority level (``rows.claim_query``).
+                fields=["queue", "priority", "scheduled_at", "seq"],
                 condition=Q(eligible=True),
-                name="item_claimable",
+                name="item_claimable_by_priority",
             ),
             models.Index(fields=["queue", "status", "id"], name="item_by_status"),
             # The admin's item list sorts by these over the whole index.
@@ -193,6 +222,23 @@ class QueueCount(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue_id}:{self.status}#{self.shard}={self.n}"
+
+
+class ClaimStart(models.Model):
+    """Claims that started in a rate-limited queue (section 8.1's ``rateLimit``): one row per
+    group commit that claimed there, with how many it took, kept only while inside the
+    queue's window. Written in the claims' own transaction, so a crash never leaves one
+    counted that did not happen, or the reverse."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
+    at = models.DateTimeField()
+    n = models.PositiveIntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["queue", "at"], name="claimstart_window")]
+
+    def __str__(self) -> str:
+        return f"{self.queue_id}@{self.at}x{self.n}"
 
 
 class ApiKey(models.Model):

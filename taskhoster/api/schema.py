@@ -19,7 +19,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 
 from .. import contract, schemas
 from ..conf import get_conf
-from ..engine import QUEUE_SETTINGS, QueueSetting
+from ..engine import MAX_LIMIT, QUEUE_SETTINGS, QueueSetting
 from ..status import Status
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -219,6 +219,24 @@ ITEM_ERRORS = {400: ["invalid_id"], 404: ["item_not_found"]}
 
 
 def _setting_schema(setting: QueueSetting) -> dict[str, Any]:
+    if setting.kind == "rate":
+        return {
+            "type": "object",
+            "nullable": True,
+            "properties": {
+                "count": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
+                "seconds": {
+                    "type": "number",
+                    "minimum": 0,
+                    "exclusiveMinimum": True,
+                    "maximum": 86400,
+                },
+            },
+            "required": ["count", "seconds"],
+            "additionalProperties": False,
+            "description": "At most count claims start in any seconds, across every server "
+            "process; null: no limit.",
+        }
     if setting.kind == "queue":
         return {
             "type": "string",
@@ -257,6 +275,7 @@ def _item_schema(*, claimed: bool = False) -> dict[str, Any]:
         "status": {"type": "string", "enum": [s.value for s in Status]},
         "payload": {"description": "The work (left out of listings)."},
         "threadId": {"type": "string", "nullable": True},
+        "priority": {"type": "integer", "minimum": 0, "maximum": contract.MAX_PRIORITY},
         "scheduledAt": TIME,
         "postedAt": TIME,
         "attempts": {"type": "integer", "minimum": 0},
@@ -273,6 +292,7 @@ def _item_schema(*, claimed: bool = False) -> dict[str, Any]:
         "queue",
         "status",
         "threadId",
+        "priority",
         "scheduledAt",
         "postedAt",
         "attempts",
@@ -319,6 +339,18 @@ def components() -> dict[str, Any]:
                 "type": "object",
                 "properties": {s.value: {"type": "integer"} for s in Status},
                 "required": [s.value for s in Status],
+            },
+            "held": {
+                "type": "object",
+                "description": "Items waiting only because of a control (given by getQueue): "
+                "due claimable items a pause, a full maxProcessing or a full rateLimit window "
+                "holds back (under the first that applies), and due members of threads held "
+                "back by threadLimit. Exact up to 10000.",
+                "properties": {
+                    k: {"type": "integer", "minimum": 0}
+                    for k in ("paused", "maxProcessing", "rateLimit", "thread")
+                },
+                "required": ["paused", "maxProcessing", "rateLimit", "thread"],
             },
         },
         "required": ["name", *queue["properties"], "counts"],

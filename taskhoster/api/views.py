@@ -125,7 +125,9 @@ class QueueView(ApiView):
     def get(self, request: Request, queue: str) -> Response:
         require(request, queue=queue)
         q = _queue_or_404(queue)
-        return Response(_queue_wire(q, engine.counts_by_queue([q.id])[q.id]))
+        wire = _queue_wire(q, engine.counts_by_queue([q.id])[q.id])
+        wire["held"] = engine.held_for(q.name).wire()
+        return Response(wire)
 
     @documented(
         "putQueue",

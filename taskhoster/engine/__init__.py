@@ -10,6 +10,8 @@ from .admission import backlog, overloaded
 from .clocks import SweepReport, sweep
 from .committer import execute, execute_async, hold_start, start_is_held
 from .committer import start as start_committer
+from .flow import Held, held_for, next_due
+from .flow import put_queue as upsert_queue
 from .ops import (
     Claim,
     Claimed,
@@ -25,12 +27,12 @@ from .ops import (
 )
 from .process import run_child
 from .queues import (
+    MAX_LIMIT,
     QUEUE_SETTINGS,
     WIRE_TO_FIELD,
     QueueSetting,
     clean_settings,
     queue_settings,
-    upsert_queue,
     validate_queue_name,
 )
 from .reading import (
@@ -47,7 +49,6 @@ from .reading import (
 )
 from .removal import QUEUE_DELETED, delete_by_status, delete_queue, reclaim_deleted_queues
 from .repair import RepairReport, rebuild_threads, repair
-from .rows import first_pending_member, next_due
 from .rules import LEASE_EXPIRED, TIMEOUT, WORKER_DISCONNECTED, Clock, ItemRow
 from .threads import (
     ThreadView,
@@ -82,6 +83,7 @@ from .wire import item_json, new_items
 
 __all__ = [
     "LEASE_EXPIRED",
+    "MAX_LIMIT",
     "QUEUE_DELETED",
     "QUEUE_SETTINGS",
     "TIMEOUT",
@@ -92,6 +94,7 @@ __all__ = [
     "Clock",
     "Extend",
     "Fail",
+    "Held",
     "ItemRow",
     "NewItem",
     "Op",
@@ -120,11 +123,11 @@ __all__ = [
     "execute_async",
     "extend",
     "fail",
-    "first_pending_member",
     "get_item",
     "get_live_queue",
     "get_row",
     "get_thread",
+    "held_for",
     "hold_start",
     "item_json",
     "item_queue",

@@ -9,7 +9,7 @@ import logging
 import secrets
 from collections import defaultdict
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from ..errors import QueueNotFound, TaskhosterError
@@ -64,14 +64,17 @@ class Claims:
         by_queue: dict[str, list[Claim]] = defaultdict(list)
         for op in claims:
             by_queue[op.queue_name].append(op)
-        for name, ops in by_queue.items():
+        # In queue id order: a controlled queue's claims hold its claim lock to the commit.
+        for name, ops in sorted(
+            by_queue.items(), key=lambda e: live[e[0]].id if e[0] in live else 0
+        ):
             queue = live.get(name)
             if queue is None:
                 for op in ops:
                     answers[id(op)] = (False, QueueNotFound(f"queue {name!r} does not exist"))
                 continue
             wanted = sum(op.max_items for op in ops)
-            taken = self._claim_queue(queue, wanted)
+            taken = self._claim_controlled(queue, wanted)
             if len(taken) < wanted and name not in self.put_back:
                 self.tally.exhausted.add(name)
             for op in ops:
@@ -82,8 +85,35 @@ class Claims:
         self.to_write = []
         return answers
 
+    def _claim_controlled(self, queue: QueueInfo, want: int) -> list[Claimed]:
+        """Section 8.1: a paused queue hands out nothing; a cap or a rate limit bounds the
+        claim by what its rows say (the items processing; the claims started in the window),
+        counted under the queue's claim lock, so processes claiming at once see each other's
+        claims. Nothing held back costs an item an attempt: it is simply not taken."""
+        if not queue.controlled:
+            return self._claim_queue(queue, want)
+        if queue.paused:
+            return []
+        sql.lock_claims(queue.id)
+        processing = started = 0
+        if queue.max_processing is not None:
+            processing = sql.count_processing(queue.id, queue.max_processing)
+        if queue.rate_limit is not None:
+            since = self.at - timedelta(seconds=queue.rate_limit.seconds)
+            started = sum(n for _t, n in sql.claim_starts(queue.id, since, prune=True))
+        budget, _held = rules.claim_budget(queue, want, processing=processing, started=started)
+        taken = self._claim_queue(queue, budget) if budget > 0 else []
+        if queue.rate_limit is not None and taken:
+            sql.record_claim_start(queue.id, self.at, len(taken))
+        return taken
+
     def _claim_queue(self, queue: QueueInfo, want: int) -> list[Claimed]:
         taken: list[Claimed] = []
+        # A second member of a thread waits until the other threads' heads among the
+        # candidates of its priority have been taken (section 8.1: many threads' heads
+        # before a second member of one).
+        seconds: list[ItemRow] = []
+        taken_from: set[str] = set()
         # Every row this claim has looked at, taken or not. A later round's query must not
         # see them again: the rows it took are written only after the loop, so the index
         # still calls them eligible (on PostgreSQL SKIP LOCKED does not skip our own locks).
@@ -101,11 +131,21 @@ class Claims:
                 self.looked_at.add(row.id)
                 seen.append(row.id)
                 row.queue_name = queue.name
+                if seconds and seconds[0].priority > row.priority:
+                    self._take_all(queue, seconds, taken, want)  # before a lower priority
+                if len(taken) >= want:
+                    break
+                if row.thread_id is not None and row.thread_id in taken_from:
+                    seconds.append(row)
+                    continue
                 claimed = self._take(queue, row)
                 if claimed is not None:
                     taken.append(claimed)
+                    if row.thread_id is not None:
+                        taken_from.add(row.thread_id)
             if len(candidates) < need:
                 break
+        self._take_all(queue, seconds, taken, want)
         # Written with the other queues' claims of this group, in one statement (``run``);
         # at once only when a vanished row makes its threads settle now.
         if self.vanished_rows:
@@ -117,11 +157,20 @@ class Claims:
         self.tally.count(queue.name, "claims", len(taken))
         return taken
 
+    def _take_all(
+        self, queue: QueueInfo, rows: list[ItemRow], taken: list[Claimed], want: int
+    ) -> None:
+        while rows and len(taken) < want:
+            claimed = self._take(queue, rows.pop(0))
+            if claimed is not None:
+                taken.append(claimed)
+        rows.clear()  # not taken by this claim: they stay eligible for the next
+
     def _take(self, queue: QueueInfo, row: ItemRow) -> Claimed | None:
         thread = None
         if row.thread_id is not None:
             thread = self._thread(queue, row.thread_id)
-        if not rules.may_take(row, thread):
+        if not rules.may_take(row, thread, queue.thread_limit):
             return None  # its thread is busy changing: not now
         if not self.files.take(queue.name, row.id, State.PENDING, State.PROCESSING):
             self._lost(queue, row)

@@ -55,6 +55,7 @@ from .ops import (
     Reclaim,
     Release,
     Requeue,
+    Resettle,
     Restart,
     Result,
     Sweep,
@@ -136,6 +137,8 @@ class Group:
                 self._answer(op, self._post, op)
             elif isinstance(op, Reclaim):
                 self._answer(op, self._reclaim, op)
+            elif isinstance(op, Resettle):
+                self._answer(op, self._resettle, op)
         crash_point("group.after_files", group_size=len(self.ops))
         sql.update_rows(r for r in self.rows.values() if r.id not in self.removed)
         sql.delete_rows(list(self.removed))  # before the inserts: a key may be taken again
@@ -207,6 +210,12 @@ class Group:
             if isinstance(op, Post) and op.queue_name in self.live and id(op) not in self.answers:
                 q = self.live[op.queue_name]
                 joining |= {(q.id, item.thread_id) for item in op.items if item.thread_id}
+        resettle = {
+            (op.queue_id, t) for op in self.ops if isinstance(op, Resettle) for t in op.thread_ids
+        }
+        if resettle:
+            self._load_queues(ids={q for q, _t in resettle})
+            keys |= resettle
         sql.lock_queues_shared(self.queues)
         self._lock_threads(keys | joining, create=joining)
         if ids:
@@ -387,6 +396,8 @@ class Group:
                 crash_point("requeue.after_pending_file")
             elif decision.kind is Kind.VERDICT:
                 crash_point("result.after_done_file")
+        if row.status is Status.PROCESSING and decision.status is not Status.PROCESSING:
+            self._slot_freed(row)
         self.tally.status(row, decision.status)
         row.set(**changes)
         self._thread_effect(row, decision.thread)
@@ -394,6 +405,14 @@ class Group:
             self.tally.count(row.queue_name, counter)
         for news in decision.news:
             self.tally.news.append((news, row.queue_name, row.id))
+
+    def _slot_freed(self, row: ItemRow) -> None:
+        """An item left ``processing``: under a cap, a slot is free, and waiting workers of
+        every process are woken for it (I6). (A thread's freed slot is announced when its
+        next head becomes eligible.)"""
+        queue = self.queues.get(row.queue_id)
+        if queue is not None and queue.max_processing is not None:
+            self.tally.claimable(row.queue_name)
 
     def _thread(self, row: ItemRow) -> ThreadState:
         assert row.thread_id is not None
@@ -439,6 +458,7 @@ class Group:
             thread_id=None,
             key=key,
             origin={"queue": queue.name, "id": row.id, "error": error, "attempts": row.attempts},
+            priority=row.priority,
         )
         copy.queue_id = dlq.id
         copy.queue_name = dlq.name
@@ -461,6 +481,8 @@ class Group:
         """Rule 9 (and 11): the file goes (at the end of the group), then the row."""
         self.files.remove(row.queue_name, row.id, row.status.state)
         self.removed[row.id] = row
+        if row.status is Status.PROCESSING:
+            self._slot_freed(row)
         self.tally.gone(row)
         if not row.is_terminal:
             self._thread_effect(row, ThreadEffect.LEAVE)
@@ -547,25 +569,36 @@ class Group:
             self.tally.counts[(op.queue_id, status.value)] -= 1
         return len(gone)
 
+    def _resettle(self, op: Resettle) -> int:
+        found = [
+            self.threads[k] for k in ((op.queue_id, t) for t in op.thread_ids) if k in self.threads
+        ]
+        for thread in found:
+            thread.touched = True
+        return len(found)
+
     # -- threads --------------------------------------------------------------------------
 
     def _settle_threads(self) -> None:
-        """Bring each touched thread back to its rule (``rules.settle``): its head (as the
-        index orders the line) eligible, the old head not; a thread with no member left
-        deleted."""
+        """Bring each touched thread back to its rule (``rules.settle``): its heads (as the
+        index orders the line, up to the queue's ``threadLimit``) eligible, old heads not; a
+        thread with no member left deleted."""
         for thread in self.threads.values():
-            settled = rules.settle(thread, partial(sql.first_pending_member, *thread.key))
+            queue = self.queues.get(thread.queue_id)
+            limit = queue.thread_limit if queue is not None else 1
+            settled = rules.settle(
+                thread, partial(sql.thread_line, *thread.key, max(1, limit)), limit
+            )
             if settled is None:
                 continue
-            if settled.unmark:
-                sql.set_eligible(settled.unmark, False)
+            sql.set_eligible(settled.unmark, False)
             if settled.delete:
                 if thread.pk is not None:
                     sql.delete_thread(thread.pk)
                 thread.pk = None
                 continue
-            if settled.head is not None:
-                sql.set_eligible(settled.head, True, only_pending=True)
+            if settled.mark:
+                sql.set_eligible(settled.mark, True, only_pending=True)
                 self.tally.claimable(thread.queue_name)
             sql.save_thread(thread)
 

@@ -30,6 +30,7 @@ class NewItem:
     delay_seconds: float | None = None
     key: str | None = None
     origin: dict[str, Any] | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -235,3 +236,17 @@ class Reclaim(Op[int]):
     @property
     def size(self) -> int:
         return len(self.ids)
+
+
+@dataclass(eq=False)
+class Resettle(Op[int]):
+    """The threads ``thread_ids`` of a queue are brought back to their rule
+    (``rules.settle``) under its current ``threadLimit``, which has changed: their heads
+    recounted. Answers how many threads there were."""
+
+    queue_id: int
+    thread_ids: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.thread_ids)

@@ -23,6 +23,7 @@ def record_of(row: ItemRow, queue_name: str, payload: Any) -> Record:
         "status": row.status.value,
         "payload": payload,
         "threadId": row.thread_id,
+        "priority": row.priority,
         "key": row.key,
         "seq": row.seq,
         "scheduledAt": to_wire(row.scheduled_at),
@@ -46,6 +47,7 @@ def new_row(
     thread_id: str | None,
     key: str | None,
     origin: Any,
+    priority: int = 0,
 ) -> ItemRow:
     return ItemRow(
         id=item_id,
@@ -68,6 +70,7 @@ def new_row(
         dead_letter=None,
         rev=1,
         updated_at=at,
+        priority=priority,
     )
 
 
@@ -89,6 +92,7 @@ def prepare_post(queue_name: str, items: list[NewItem], key_hash: str | None = N
             thread_id=item.thread_id,
             key=item.key,
             origin=item.origin,
+            priority=item.priority,
         )
         rows.append(row)
         lines.append(encode_line(record_of(row, queue_name, item.payload)))

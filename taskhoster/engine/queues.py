@@ -26,17 +26,44 @@ from ..store import QUEUE_NAME_PATTERN, write_queue_settings
 from .common import store
 
 DAY = 86400.0
+MAX_LIMIT = 1_000_000  # maxProcessing, and a rateLimit's count
+MAX_THREAD_LIMIT = 1000
+
+
+def clean_rate(wire: str, value: Any) -> dict[str, Any]:
+    """A ``rateLimit``: ``{"count": 1..MAX_LIMIT, "seconds": > 0 and at most a day}``."""
+    if not isinstance(value, dict) or set(value) != {"count", "seconds"}:
+        raise InvalidInput(
+            f'{wire} must be {{"count": N, "seconds": S}} or null', code="invalid_setting"
+        )
+    count, seconds = value["count"], value["seconds"]
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_LIMIT:
+        raise InvalidInput(
+            f"{wire}.count must be an integer from 1 to {MAX_LIMIT}", code="invalid_setting"
+        )
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or not 0 < seconds <= DAY
+    ):
+        raise InvalidInput(
+            f"{wire}.seconds must be a number greater than 0 and at most {DAY:g}",
+            code="invalid_setting",
+        )
+    return {"count": count, "seconds": int(seconds) if float(seconds).is_integer() else seconds}
 
 
 @dataclass(frozen=True)
 class QueueSetting:
-    """One queue setting. ``kind``: number, integer, choice (one of ``choices``) or queue (the
-    name of another live queue). ``minimum`` (with ``exclusive_minimum``: the value must be
-    greater) and ``maximum`` bound a number. ``nullable``: null is a value (for none)."""
+    """One queue setting. ``kind``: number, integer, boolean, choice (one of ``choices``),
+    queue (the name of another live queue) or rate (``{"count", "seconds"}``). ``minimum``
+    (with ``exclusive_minimum``: the value must be greater) and ``maximum`` bound a number.
+    ``nullable``: null is a value (for none)."""
 
     wire: str
     field: str
-    kind: Literal["number", "integer", "choice", "queue"]
+    kind: Literal["number", "integer", "choice", "queue", "boolean", "rate"]
     minimum: float | None = None
     maximum: float | None = None
     exclusive_minimum: bool = False
@@ -76,6 +103,12 @@ class QueueSetting:
                 allowed = " or ".join(repr(c) for c in self.choices)
                 raise InvalidInput(f"{self.wire} must be {allowed}", code="invalid_setting")
             return value
+        if self.kind == "boolean":
+            if not isinstance(value, bool):
+                raise InvalidInput(f"{self.wire} must be true or false", code="invalid_setting")
+            return value
+        if self.kind == "rate":
+            return clean_rate(self.wire, value)
         if self.kind == "queue":
             validate_queue_name(value)
             if value == queue_name:
@@ -114,6 +147,11 @@ QUEUE_SETTINGS: tuple[QueueSetting, ...] = (
     QueueSetting("backoffMaxSeconds", "backoff_max_seconds", "number", 0, 7 * DAY),
     QueueSetting("retainFrom", "retain_from", "choice", choices=tuple(r.value for r in RetainFrom)),
     QueueSetting("deadLetterQueue", "dead_letter_queue", "queue", nullable=True),
+    # Flow control (section 8.1).
+    QueueSetting("paused", "paused", "boolean"),
+    QueueSetting("maxProcessing", "max_processing", "integer", 1, MAX_LIMIT, nullable=True),
+    QueueSetting("rateLimit", "rate_limit", "rate", nullable=True),
+    QueueSetting("threadLimit", "thread_limit", "integer", 1, MAX_THREAD_LIMIT),
 )
 WIRE_TO_FIELD = {s.wire: s.field for s in QUEUE_SETTINGS}
 

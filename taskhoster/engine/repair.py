@@ -44,7 +44,7 @@ from ..timeutil import parse_wire
 from . import reclaim
 from .common import store
 from .pacing import Pacer
-from .rows import first_pending_member
+from .rows import thread_line
 
 log = logging.getLogger(__name__)
 STATE_RANK = {State.PROCESSING: 0, State.PENDING: 1, State.DONE: 2}
@@ -231,6 +231,13 @@ def _move(queue: Queue, item_id: str, src: State, dst: State, report: RepairRepo
     return dst
 
 
+def _priority(value: Any) -> int:
+    """A file's priority (0-9); a file written before priorities has none: 0."""
+    return (
+        value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 9 else 0
+    )
+
+
 def _time(value: Any) -> Any:
     return parse_wire(value) if value else None
 
@@ -246,6 +253,7 @@ def _fields_from_record(
         "queue": queue,
         "status": status,
         "eligible": False,
+        "priority": _priority(record.get("priority")),
         "thread_id": record.get("threadId"),
         "key": record.get("key"),
         "seq": record.get("seq") or record["id"],
@@ -302,21 +310,18 @@ def rebuild_threads(queue: Queue) -> int:
         rebuilt = 0
         for entry in members:
             thread_id = str(entry["thread_id"])
-            processing = (
-                Item.objects.filter(queue=queue, thread_id=thread_id, status=Status.PROCESSING)
-                .order_by("id")
-                .values_list("id", flat=True)
-                .first()
-            )
-            head = None if processing else first_pending_member(queue.id, thread_id)
-            if head is not None:
-                Item.objects.filter(id=head).update(eligible=True)
+            limit = max(1, queue.thread_limit)
+            line = thread_line(queue.id, thread_id, limit)
+            heads = line.pending[: max(0, limit - len(line.processing))]
+            if heads:
+                Item.objects.filter(id__in=heads).update(eligible=True)
             Thread.objects.create(
                 queue=queue,
                 thread_id=thread_id,
                 member_count=entry["n"],
-                processing_item=processing,
-                head_item=head,
+                processing=len(line.processing),
+                processing_item=line.processing[0] if line.processing else None,
+                heads=heads,
             )
             rebuilt += 1
         return rebuilt

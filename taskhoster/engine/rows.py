@@ -21,12 +21,13 @@ from django.db import connection
 from ..errors import Conflict
 from ..status import RetainFrom, Status
 from .queues import QUEUE_SETTINGS
-from .rules import ItemRow, QueueInfo, ThreadState
+from .rules import ItemRow, Line, QueueInfo, RateLimit, ThreadState
 
 ITEM = "taskhoster_item"
 THREAD = "taskhoster_thread"
 QUEUE = "taskhoster_queue"
 COUNT = "taskhoster_queuecount"
+CLAIM_START = "taskhoster_claimstart"
 
 COLUMNS = (
     "id",
@@ -49,6 +50,7 @@ COLUMNS = (
     "dead_letter",
     "rev",
     "updated_at",
+    "priority",
 )
 TIME_COLUMNS = frozenset(
     {
@@ -197,6 +199,7 @@ def _row(values: Sequence[Any], queue_name: str = "") -> ItemRow:
         dead_letter,
         rev,
         updated_at,
+        priority,
     ) = values
     return ItemRow(
         id=item_id,
@@ -219,6 +222,7 @@ def _row(values: Sequence[Any], queue_name: str = "") -> ItemRow:
         dead_letter=dead_letter,
         rev=rev,
         updated_at=read_time(updated_at),  # type: ignore[arg-type]
+        priority=priority,
         queue_name=queue_name,
     )
 
@@ -278,25 +282,49 @@ def peek_threads(ids: Iterable[str]) -> dict[str, tuple[int, str | None]]:
     return out
 
 
+# Priorities run 0-9 (section 8.1): a claim probes the claim index once per level, so it
+# stays a few index descents however many items wait, and however many of them are delayed.
+PRIORITIES = tuple(range(9, -1, -1))
+
+
 def claim_query(
     queue_id: int, at: datetime, limit: int, skip: Sequence[str] = ()
 ) -> tuple[str, list[Any]]:
-    """The claim's query: the earliest due eligible items of a queue, through the partial
-    index ``item_claimable``, locked with SKIP LOCKED on PostgreSQL so that concurrent
-    claimers pass each other by."""
+    """The claim's query: the claimable items of a queue in claim order (higher priority
+    first, then earliest ``scheduled_at``, then arrival), through the partial index
+    ``item_claimable_by_priority``, one probe per priority level: each level's earliest due
+    rows, merged. On PostgreSQL each probe locks with SKIP LOCKED, so concurrent claimers
+    pass each other by (a probe may lock up to ``limit`` rows that the merge leaves out:
+    they are free again at the group's commit)."""
     where = ""
-    params: list[Any] = [queue_id, adapt_time(at)]
+    extra: list[Any] = []
     if skip:
         where = f" AND id NOT IN ({_placeholders(len(skip))})"
-        params.extend(skip)
-    params.append(limit)
+        extra = list(skip)
+    when = adapt_time(at)
     lock = dialect().skip_locked
     # ``eligible`` bare, as in the partial index's condition, so the planner uses it.
-    query = (
+    probe = (
         f"SELECT {SELECT_COLUMNS} FROM {ITEM} WHERE eligible AND queue_id = %s "
-        f"AND scheduled_at <= %s{where} ORDER BY scheduled_at, seq LIMIT %s{lock}"
+        f"AND priority = {{level}} AND scheduled_at <= %s{where} "
+        f"ORDER BY scheduled_at, seq LIMIT %s{lock}"
     )
-    return query, params
+    if dialect().vendor == "sqlite":
+        parts = [f"SELECT * FROM ({probe.format(level=level)})" for level in PRIORITIES]
+        params = [v for _level in PRIORITIES for v in (queue_id, when, *extra, limit)]
+        query = (
+            f"SELECT {SELECT_COLUMNS} FROM ({' UNION ALL '.join(parts)}) "
+            "ORDER BY priority DESC, scheduled_at, seq LIMIT %s"
+        )
+        return query, [*params, limit]
+    levels = ", ".join(f"({level})" for level in PRIORITIES)
+    columns = ", ".join(f'c."{c}"' for c in COLUMNS)
+    query = (
+        f"SELECT {columns} FROM (VALUES {levels}) AS lv(level) CROSS JOIN LATERAL "
+        f"({probe.format(level='lv.level')}) AS c "
+        "ORDER BY c.priority DESC, c.scheduled_at, c.seq LIMIT %s"
+    )
+    return query, [queue_id, when, *extra, limit, limit]
 
 
 def claim_candidates(
@@ -306,6 +334,59 @@ def claim_candidates(
     with connection.cursor() as cursor:
         cursor.execute(query, params)
         return [_row(values) for values in cursor.fetchall()]
+
+
+# -- flow control (section 8.1) ---------------------------------------------------------------
+
+# PostgreSQL advisory lock class for the claims of a queue with a cap or a rate limit: its
+# claims count and take under it, one group at a time, so two processes never both see the
+# last free slot. (SQLite's write transaction already makes them one at a time.)
+CLAIM_LOCK_CLASS = 7332
+
+
+def lock_claims(queue_id: int) -> None:
+    if not dialect().advisory_locks:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [CLAIM_LOCK_CLASS, queue_id])
+
+
+def count_processing(queue_id: int, cap: int) -> int:
+    """How many of the queue's items are processing, counted from their rows (the leases
+    themselves), up to ``cap``: a few index entries, never a tally a crash could leave off."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT COUNT(*) FROM (SELECT 1 FROM {ITEM} WHERE queue_id = %s AND status = %s "
+            "LIMIT %s) AS p",
+            [queue_id, Status.PROCESSING.value, cap],
+        )
+        return int(cursor.fetchone()[0])
+
+
+def claim_starts(
+    queue_id: int, since: datetime, *, prune: bool = False
+) -> list[tuple[datetime, int]]:
+    """The claims that started in the queue after ``since`` (their times and counts);
+    ``prune``: older ones are dropped on the way (a claim, under ``lock_claims``)."""
+    with connection.cursor() as cursor:
+        if prune:
+            cursor.execute(
+                f"DELETE FROM {CLAIM_START} WHERE queue_id = %s AND at <= %s",
+                [queue_id, adapt_time(since)],
+            )
+        cursor.execute(
+            f"SELECT at, n FROM {CLAIM_START} WHERE queue_id = %s AND at > %s ORDER BY at",
+            [queue_id, adapt_time(since)],
+        )
+        return [(read_time(at), n) for at, n in cursor.fetchall()]  # type: ignore[misc]
+
+
+def record_claim_start(queue_id: int, at: datetime, n: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {CLAIM_START} (queue_id, at, n) VALUES (%s, %s, %s)",
+            [queue_id, adapt_time(at), n],
+        )
 
 
 def existing_keys(queue_id: int, keys: Iterable[str]) -> dict[str, ItemRow]:
@@ -352,28 +433,63 @@ def _queue(values: Sequence[Any]) -> QueueInfo:
     found = dict(zip(QUEUE_COLUMNS, values, strict=True))
     found["retain_from"] = RetainFrom(found["retain_from"])
     found["deleting"] = bool(found["deleting"])
+    found["paused"] = bool(found["paused"])
+    rate = read_json(found["rate_limit"])
+    found["rate_limit"] = None if rate is None else RateLimit(rate["count"], rate["seconds"])
     return QueueInfo(**found)
 
 
-def next_due(queue_names: Sequence[str]) -> dict[str, datetime]:
+def earliest_claimable(queue_names: Sequence[str]) -> dict[str, datetime]:
     """For each live queue named that has a claimable item (due or delayed), the earliest
-    ``scheduledAt`` among them: one query, one probe of the claim index per queue (a queue
-    with nothing claimable is left out)."""
+    ``scheduledAt`` among them: one query, one probe of the claim index per queue and
+    priority level (a queue with nothing claimable is left out)."""
     found: dict[str, datetime] = {}
+    levels = ", ".join(f"({level})" for level in PRIORITIES)
     with connection.cursor() as cursor:
         for chunk in _chunks(list(queue_names)):
             # ``eligible`` bare, as in the partial index's condition, so the planner uses it.
             cursor.execute(
-                f"SELECT q.name, (SELECT i.scheduled_at FROM {ITEM} i WHERE i.eligible "
-                "AND i.queue_id = q.id ORDER BY i.scheduled_at, i.seq LIMIT 1) "
-                f"FROM {QUEUE} q WHERE q.name IN ({_placeholders(len(chunk))}) "
-                "AND NOT q.deleting",
+                f"WITH lv(level) AS (VALUES {levels}) "
+                "SELECT name, MIN(at) FROM ("
+                f"SELECT q.name AS name, (SELECT i.scheduled_at FROM {ITEM} i WHERE i.eligible "
+                "AND i.queue_id = q.id AND i.priority = lv.level "
+                "ORDER BY i.scheduled_at, i.seq LIMIT 1) AS at "
+                f"FROM {QUEUE} q CROSS JOIN lv WHERE q.name IN ({_placeholders(len(chunk))}) "
+                "AND NOT q.deleting) AS d GROUP BY name",
                 list(chunk),
             )
             for name, at in cursor.fetchall():
                 if at is not None:
                     found[name] = read_time(at)  # type: ignore[assignment]
     return found
+
+
+def thread_line(queue_id: int, thread_id: str, limit: int) -> Line:
+    """A thread's members as ``rules.settle`` reads them: up to ``limit`` processing, and
+    the first ``limit`` pending in line order (``rules.line_order``: earliest
+    ``scheduled_at``, then arrival; the real-engine model test holds the two to each
+    other). Two probes of ``item_thread_order``, in one statement."""
+    member = f"SELECT id, status FROM {ITEM} WHERE queue_id = %s AND thread_id = %s AND status = %s"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT * FROM ({member} LIMIT %s) AS p UNION ALL "
+            f"SELECT * FROM ({member} ORDER BY scheduled_at, seq LIMIT %s) AS w",
+            [
+                queue_id,
+                thread_id,
+                Status.PROCESSING.value,
+                limit,
+                queue_id,
+                thread_id,
+                Status.PENDING.value,
+                limit,
+            ],
+        )
+        found = cursor.fetchall()
+    return Line(
+        processing=[i for i, status in found if status == Status.PROCESSING.value],
+        pending=[i for i, status in found if status == Status.PENDING.value],
+    )
 
 
 def first_pending_member(queue_id: int, thread_id: str) -> str | None:
@@ -480,19 +596,20 @@ def delete_rows_of_queue(queue_id: int, ids: Sequence[str]) -> list[Status]:
 
 # -- threads -----------------------------------------------------------------------------------
 
-THREAD_COLUMNS = "id, queue_id, thread_id, member_count, processing_item, head_item"
+THREAD_COLUMNS = "id, queue_id, thread_id, member_count, processing, processing_item, heads"
 
 
 def _thread(values: Sequence[Any], queue_names: dict[int, str]) -> ThreadState:
-    pk, queue_id, thread_id, count, processing, head = values
+    pk, queue_id, thread_id, count, processing, processing_item, heads = values
     return ThreadState(
         queue_id=queue_id,
         thread_id=thread_id,
         queue_name=queue_names.get(queue_id, ""),
         pk=pk,
         member_count=count,
-        processing_item=processing,
-        head_item=head,
+        processing=processing,
+        processing_item=processing_item,
+        heads=list(read_json(heads) or []),
     )
 
 
@@ -509,8 +626,8 @@ def lock_threads(
             to_create = [k for k in missing if k in create]
             if to_create:
                 cursor.executemany(
-                    f"INSERT INTO {THREAD} (queue_id, thread_id, member_count) "
-                    "VALUES (%s, %s, 0) ON CONFLICT (queue_id, thread_id) DO NOTHING",
+                    f"INSERT INTO {THREAD} (queue_id, thread_id, member_count, processing, heads) "
+                    "VALUES (%s, %s, 0, 0, '[]') ON CONFLICT (queue_id, thread_id) DO NOTHING",
                     to_create,
                 )
             marks = ", ".join(["(%s, %s)"] * len(missing))
@@ -541,18 +658,19 @@ def claim_thread(queue_id: int, thread_id: str, queue_name: str) -> ThreadState 
 
 
 def save_thread(thread: ThreadState) -> None:
+    mark = dialect().json_mark
+    values = [
+        thread.member_count,
+        thread.processing,
+        thread.processing_item,
+        adapt_json(thread.heads),
+    ]
     with connection.cursor() as cursor:
         if thread.pk is None:
             cursor.execute(
-                f"INSERT INTO {THREAD} (queue_id, thread_id, member_count, "
-                "processing_item, head_item) VALUES (%s, %s, %s, %s, %s)",
-                [
-                    thread.queue_id,
-                    thread.thread_id,
-                    thread.member_count,
-                    thread.processing_item,
-                    thread.head_item,
-                ],
+                f"INSERT INTO {THREAD} (queue_id, thread_id, member_count, processing, "
+                f"processing_item, heads) VALUES (%s, %s, %s, %s, %s, {mark})",
+                [thread.queue_id, thread.thread_id, *values],
             )
             cursor.execute(
                 f"SELECT id FROM {THREAD} WHERE queue_id = %s AND thread_id = %s",
@@ -561,9 +679,9 @@ def save_thread(thread: ThreadState) -> None:
             thread.pk = cursor.fetchone()[0]
         else:
             cursor.execute(
-                f"UPDATE {THREAD} SET member_count = %s, processing_item = %s, "
-                "head_item = %s WHERE id = %s",
-                [thread.member_count, thread.processing_item, thread.head_item, thread.pk],
+                f"UPDATE {THREAD} SET member_count = %s, processing = %s, "
+                f"processing_item = %s, heads = {mark} WHERE id = %s",
+                [*values, thread.pk],
             )
 
 
@@ -572,13 +690,18 @@ def delete_thread(pk: int) -> None:
         cursor.execute(f"DELETE FROM {THREAD} WHERE id = %s", [pk])
 
 
-def set_eligible(item_id: str, eligible: bool, *, only_pending: bool = False) -> None:
+def set_eligible(ids: Sequence[str], eligible: bool, *, only_pending: bool = False) -> None:
+    if not ids:
+        return
     condition = " AND status = %s" if only_pending else ""
-    params: list[Any] = [eligible, item_id]
+    params: list[Any] = [eligible, *ids]
     if only_pending:
         params.append(Status.PENDING.value)
     with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {ITEM} SET eligible = %s WHERE id = %s{condition}", params)
+        cursor.execute(
+            f"UPDATE {ITEM} SET eligible = %s WHERE id IN ({_placeholders(len(ids))}){condition}",
+            params,
+        )
 
 
 # -- queue counts ------------------------------------------------------------------------------

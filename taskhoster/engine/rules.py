@@ -73,6 +73,7 @@ class ItemRow:
     dead_letter: str | None
     rev: int
     updated_at: datetime
+    priority: int = 0
     queue_name: str = ""
     dirty: set[str] = field(default_factory=set)
 
@@ -92,6 +93,14 @@ class ItemRow:
 
 
 @dataclass(frozen=True, slots=True)
+class RateLimit:
+    """``rateLimit``: at most ``count`` claims start in any ``seconds``."""
+
+    count: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class QueueInfo:
     """A queue's settings as the rules read them: its id and name, each of
     ``queues.QUEUE_SETTINGS`` by its field's name, in that order, and whether it is being
@@ -107,7 +116,17 @@ class QueueInfo:
     backoff_max_seconds: float
     retain_from: RetainFrom
     dead_letter_queue: str | None
+    paused: bool
+    max_processing: int | None
+    rate_limit: RateLimit | None
+    thread_limit: int
     deleting: bool
+
+    @property
+    def controlled(self) -> bool:
+        """A claim of this queue must count what it may take (section 8.1): it is paused,
+        or has a cap on work in flight or a rate limit."""
+        return self.paused or self.max_processing is not None or self.rate_limit is not None
 
 
 @dataclass(slots=True)
@@ -120,8 +139,12 @@ class ThreadState:
     queue_name: str
     pk: int | None = None
     member_count: int = 0
+    # How many members are processing, as the item rows said at the last settle (plus this
+    # group's claims), and one of them, to show.
+    processing: int = 0
     processing_item: str | None = None
-    head_item: str | None = None
+    # The eligible members: the first ``threadLimit - processing`` pending ones in line.
+    heads: list[str] = field(default_factory=list)
     delta: int = 0
     touched: bool = False
 
@@ -509,18 +532,33 @@ def line_order(row: ItemRow) -> tuple[datetime, str]:
     return (row.scheduled_at, row.seq)
 
 
+def claim_order(row: ItemRow) -> tuple[int, datetime, str]:
+    """The order claims hand claimable items out in (section 8.1): higher ``priority``
+    first, then the line's order."""
+    return (-row.priority, row.scheduled_at, row.seq)
+
+
 def thread_head(members: Iterable[ItemRow]) -> str | None:
     """A thread's head: its pending member first in line (``line_order``)."""
     pending = [row for row in members if row.status is Status.PENDING]
     return min(pending, key=line_order).id if pending else None
 
 
-def may_take(row: ItemRow, thread: ThreadState | None) -> bool:
-    """A claim may take a threaded candidate only as its thread's head, while none of the
-    thread's members is processing."""
+def thread_heads(members: Iterable[ItemRow], limit: int) -> list[str]:
+    """A thread's eligible members under ``threadLimit`` ``limit``: its first ``limit -
+    processing`` pending members in line (seed 000 when ``limit`` is 1)."""
+    rows = list(members)
+    busy = sum(1 for row in rows if row.status is Status.PROCESSING)
+    pending = sorted((row for row in rows if row.status is Status.PENDING), key=line_order)
+    return [row.id for row in pending[: max(0, limit - busy)]]
+
+
+def may_take(row: ItemRow, thread: ThreadState | None, limit: int = 1) -> bool:
+    """A claim may take a threaded candidate only as one of its thread's heads, while fewer
+    than ``limit`` (``threadLimit``) of the thread's members are processing."""
     if row.thread_id is None:
         return True
-    return thread is not None and thread.processing_item is None and thread.head_item == row.id
+    return thread is not None and thread.processing < limit and row.id in thread.heads
 
 
 def apply_to_thread(thread: ThreadState, item_id: str, effect: ThreadEffect) -> None:
@@ -533,41 +571,113 @@ def apply_to_thread(thread: ThreadState, item_id: str, effect: ThreadEffect) -> 
         if thread.processing_item == item_id:
             thread.processing_item = None
         if effect is ThreadEffect.LEAVE:
-            if thread.head_item == item_id:
-                thread.head_item = None
+            if item_id in thread.heads:
+                thread.heads.remove(item_id)
             thread.delta -= 1
     thread.touched = True
 
 
 def take_head(thread: ThreadState, item_id: str) -> None:
-    """Its head was claimed: the thread is busy until the head's verdict or return."""
-    thread.processing_item = item_id
-    thread.head_item = None
+    """A head was claimed: one more member processing, one head fewer (until its verdict or
+    return settles the thread again)."""
+    thread.processing += 1
+    if thread.processing_item is None:
+        thread.processing_item = item_id
+    if item_id in thread.heads:
+        thread.heads.remove(item_id)
+
+
+@dataclass(frozen=True)
+class Line:
+    """A thread's members as the index holds them, for ``settle``: up to ``limit`` of its
+    processing members, and its first ``limit`` pending ones in line order."""
+
+    processing: list[str]
+    pending: list[str]
 
 
 @dataclass(frozen=True)
 class Settled:
-    """A thread brought back to its rule: ``delete`` it (no member left), or ``head`` is its
-    one eligible member (None: none now); ``unmark`` lost eligibility."""
+    """A thread brought back to its rule: ``delete`` it (no member left), or ``heads`` are
+    its eligible members; ``mark`` became eligible, ``unmark`` no longer is."""
 
     delete: bool
-    head: str | None
-    unmark: str | None
+    heads: list[str]
+    mark: list[str]
+    unmark: list[str]
 
 
-def settle(thread: ThreadState, first_pending: Callable[[], str | None]) -> Settled | None:
-    """Seed 000: at most one eligible member, the head (``thread_head``), and only while none
-    is processing; a thread with no member left is deleted. ``first_pending`` gives the head
-    as the index orders it. None: the thread was not touched."""
+def settle(thread: ThreadState, line: Callable[[], Line], limit: int = 1) -> Settled | None:
+    """Seed 000, with ``threadLimit`` ``limit``: the eligible members are the first ``limit -
+    processing`` pending ones in line (``thread_heads``), the processing ones counted from
+    the index's rows, never from a tally; a thread with no member left is deleted.
+    ``line`` reads the thread's members as the index orders them. None: the thread was not
+    touched."""
     if not thread.touched and thread.member_count + thread.delta > 0:
         return None  # (a row with no member is made for a join that was refused)
     thread.touched = False
     thread.member_count = max(0, thread.member_count + thread.delta)
     thread.delta = 0
-    old = thread.head_item
+    old = list(thread.heads)
     if thread.member_count == 0:
-        thread.head_item = None
-        return Settled(delete=True, head=None, unmark=old)
-    head = first_pending() if thread.processing_item is None else None
-    thread.head_item = head
-    return Settled(delete=False, head=head, unmark=old if old and old != head else None)
+        thread.heads = []
+        thread.processing = 0
+        thread.processing_item = None
+        return Settled(delete=True, heads=[], mark=[], unmark=old)
+    found = line()
+    thread.processing = len(found.processing)
+    thread.processing_item = found.processing[0] if found.processing else None
+    heads = found.pending[: max(0, limit - thread.processing)]
+    thread.heads = heads
+    return Settled(
+        delete=False,
+        heads=heads,
+        mark=[h for h in heads if h not in old],
+        unmark=[h for h in old if h not in heads],
+    )
+
+
+# -- flow control (section 8.1) --------------------------------------------------------------------
+
+
+def claim_budget(
+    queue: QueueInfo, want: int, *, processing: int, started: int
+) -> tuple[int, str | None]:
+    """How many of ``want`` a claim of ``queue`` may take now, and the control that holds
+    the rest back (``paused``, ``maxProcessing``, ``rateLimit``; None: none). ``processing``:
+    the queue's items processing now, counted from their rows; ``started``: the claims that
+    started in the last ``rateLimit.seconds``. A held claim costs no item an attempt."""
+    if queue.paused:
+        return 0, "paused"
+    budget, held = want, None
+    if queue.max_processing is not None:
+        room = max(0, queue.max_processing - processing)
+        if room < budget:
+            budget, held = room, "maxProcessing"
+    if queue.rate_limit is not None:
+        room = max(0, queue.rate_limit.count - started)
+        if room < budget:
+            budget, held = room, "rateLimit"
+    return budget, held
+
+
+def rate_window_opens(
+    queue: QueueInfo, starts: Iterable[tuple[datetime, int]], at: datetime
+) -> datetime | None:
+    """When a claim of ``queue`` may next start, given the claims that started in the last
+    ``rateLimit.seconds`` (their times and counts): None if one may start now (or there is
+    no rate limit)."""
+    if queue.rate_limit is None:
+        return None
+    window = timedelta(seconds=queue.rate_limit.seconds)
+    recent = sorted((t, n) for t, n in starts if t > at - window)
+    total = sum(n for _t, n in recent)
+    if total < queue.rate_limit.count:
+        return None
+    # The window opens once enough of the oldest starts have left it.
+    excess = total - queue.rate_limit.count + 1
+    for started_at, n in recent:
+        excess -= n
+        if excess <= 0:
+            return started_at + window
+    return at + window  # (not reached)

@@ -46,7 +46,7 @@ from ..osthread import name_os_thread
 from . import pacing, reclaim
 from .common import store
 from .group import Group
-from .ops import Claim, Extend, MarkFetched, Op, Reclaim, Release
+from .ops import Claim, Extend, MarkFetched, Op, Reclaim, Release, Resettle
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ COUNT_SHARDS = 16
 # Operations answered at the commit: they need nothing durable (a claim may be repeated
 # after a crash: at-least-once; a lease extension or a first fetch only shortens a clock; the
 # rows of a deleted queue are reclaimed again if a crash brings them back).
-ANSWERED_AT_COMMIT = (Claim, Extend, MarkFetched, Release, Reclaim)
+ANSWERED_AT_COMMIT = (Claim, Extend, MarkFetched, Release, Reclaim, Resettle)
 
 
 _bound: set[Path] = set()  # state roots whose identity this process has checked

@@ -28,7 +28,8 @@ class ThreadView:
 
 def thread_head(thread: Thread) -> str | None:
     """The id of the thread's head: the member that goes next (or is processing)."""
-    return thread.head_item or first_pending_member(thread.queue_id, thread.thread_id)
+    heads = thread.heads or []
+    return heads[0] if heads else first_pending_member(thread.queue_id, thread.thread_id)
 
 
 def _view(thread: Thread) -> ThreadView:

@@ -33,6 +33,7 @@ def item_json(
     if payload is not _OMIT:
         out["payload"] = payload
     out["threadId"] = row.thread_id
+    out["priority"] = row.priority
     out["scheduledAt"] = to_wire(row.scheduled_at)
     out["postedAt"] = to_wire(row.posted_at)
     out["attempts"] = row.attempts
@@ -65,6 +66,7 @@ def new_items(body: Any) -> list[NewItem]:
             scheduled_at=s.get("scheduledAt"),
             delay_seconds=s.get("delaySeconds"),
             key=s.get("key"),
+            priority=s.get("priority") or 0,
         )
         for s in specs
     ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from taskhoster.models import Item, Thread
+from taskhoster.models import Item, Queue, Thread
 from taskhoster.status import LIVE_STATUSES, State, Status
 from taskhoster.store import QUEUE_NAME_PATTERN, decode
 
@@ -91,17 +91,19 @@ def assert_threads_consistent() -> None:
         assert row.thread_id is not None  # the filter's thread_id__isnull=False
         members[(row.queue_id, row.thread_id)].append(row)
     threads = {(t.queue_id, t.thread_id): t for t in Thread.objects.all()}
+    limits = dict(Queue.objects.values_list("id", "thread_limit"))
     for key, rows in members.items():
         processing = [r.id for r in rows if r.status == Status.PROCESSING]
         eligible = [r.id for r in rows if r.eligible]
         pending = sorted(
             (r for r in rows if r.status == Status.PENDING), key=lambda r: (r.scheduled_at, r.seq)
         )
-        head = pending[0].id if pending and not processing else None
-        if len(processing) > 1:
-            problems.append(f"thread {key}: several members processing: {processing}")
-        if eligible != ([head] if head else []):
-            problems.append(f"thread {key}: eligible {eligible}, expected head {head}")
+        limit = limits.get(key[0], 1)
+        heads = [r.id for r in pending[: max(0, limit - len(processing))]]
+        if len(processing) > limit:
+            problems.append(f"thread {key}: more than {limit} members processing: {processing}")
+        if sorted(eligible) != sorted(heads):
+            problems.append(f"thread {key}: eligible {eligible}, expected heads {heads}")
         thread = threads.pop(key, None)
         if thread is None:
             problems.append(f"thread {key} has live members but no thread row")
@@ -110,12 +112,15 @@ def assert_threads_consistent() -> None:
             problems.append(
                 f"thread {key}: member_count {thread.member_count}, live members {len(rows)}"
             )
-        if thread.processing_item != (processing[0] if processing else None):
+        if thread.processing != len(processing) or (
+            thread.processing_item not in processing if processing else thread.processing_item
+        ):
             problems.append(
-                f"thread {key}: processing_item {thread.processing_item}, processing {processing}"
+                f"thread {key}: processing {thread.processing} ({thread.processing_item}), "
+                f"members processing {processing}"
             )
-        if thread.head_item != head:
-            problems.append(f"thread {key}: head_item {thread.head_item}, expected {head}")
+        if thread.heads != heads:
+            problems.append(f"thread {key}: heads {thread.heads}, expected {heads}")
     for key in threads:
         problems.append(f"thread row {key} has no live member")
     assert not problems, "threads are inconsistent:\n" + "\n".join(problems)

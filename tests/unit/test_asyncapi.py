@@ -194,6 +194,7 @@ def good_server_frames() -> dict[str, dict[str, Any]]:
             "status": "processing",
             "payload": [1, 2],
             "threadId": "t",
+            "priority": 3,
             "scheduledAt": "2026-01-31T12:00:00.000000Z",
             "postedAt": "2026-01-31T12:00:00.000000Z",
             "attempts": 2,

@@ -111,7 +111,7 @@ def test_deleting_a_pending_head_makes_the_next_member_head(make_queue) -> None:
     engine.delete_item(item_id=a.id)
     thread = thread_row("q", "t")
     assert thread is not None
-    assert (thread.head_item, thread.member_count) == (b.id, 1)
+    assert (thread.heads, thread.member_count) == ([b.id], 1)
     assert claimed_ids() == [b.id]
 
 
@@ -298,7 +298,7 @@ def test_post_racing_the_last_member_leaving_still_joins_a_live_thread(
     thread = thread_row("q", "t")
     assert thread is not None, "the post joined a thread whose row the verdict deleted"
     assert thread.pk != before.pk, "the post wrote to the row the verdict deleted"
-    assert (thread.member_count, thread.head_item) == (1, posted["b"])
+    assert (thread.member_count, thread.heads) == (1, [posted["b"]])
     assert claimed_ids() == [posted["b"]]
 
 

@@ -412,7 +412,8 @@ class ThreadMachine(RuleBasedStateMachine):
             head = model.head(thread_id)
             assert thread_row.member_count == len(model.members(thread_id)), thread_id
             assert thread_row.processing_item == (processing.id if processing else None), thread_id
-            assert thread_row.head_item == (head.id if head and not processing else None), thread_id
+            assert thread_row.processing == (1 if processing else 0), thread_id
+            assert thread_row.heads == ([head.id] if head and not processing else []), thread_id
 
     def dump(self) -> str:
         rows = Item.objects.filter(queue_id=self.queue_id).order_by("scheduled_at", "seq")
