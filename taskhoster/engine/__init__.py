@@ -10,7 +10,7 @@ from .admission import backlog, overloaded
 from .clocks import SweepReport, sweep
 from .committer import execute, execute_async, hold_start, start_is_held
 from .committer import start as start_committer
-from .flow import Held, held_for, next_due
+from .flow import Held, held_by_queue, held_for, next_due
 from .flow import put_queue as upsert_queue
 from .ops import (
     Claim,
@@ -50,6 +50,7 @@ from .reading import (
 from .removal import QUEUE_DELETED, delete_by_status, delete_queue, reclaim_deleted_queues
 from .repair import RepairReport, rebuild_threads, repair
 from .rules import LEASE_EXPIRED, TIMEOUT, WORKER_DISCONNECTED, Clock, ItemRow
+from .tally import OPENS
 from .threads import (
     ThreadView,
     get_thread,
@@ -84,6 +85,7 @@ from .wire import item_json, new_items
 __all__ = [
     "LEASE_EXPIRED",
     "MAX_LIMIT",
+    "OPENS",
     "QUEUE_DELETED",
     "QUEUE_SETTINGS",
     "TIMEOUT",
@@ -127,6 +129,7 @@ __all__ = [
     "get_live_queue",
     "get_row",
     "get_thread",
+    "held_by_queue",
     "held_for",
     "hold_start",
     "item_json",

@@ -98,13 +98,22 @@ class Claims:
         processing = started = 0
         if queue.max_processing is not None:
             processing = sql.count_processing(queue.id, queue.max_processing)
+        starts: list[tuple[datetime, int]] = []
         if queue.rate_limit is not None:
             since = self.at - timedelta(seconds=queue.rate_limit.seconds)
-            started = sum(n for _t, n in sql.claim_starts(queue.id, since, prune=True))
-        budget, _held = rules.claim_budget(queue, want, processing=processing, started=started)
+            starts = sql.claim_starts(queue.id, since, prune=True)
+            started = sum(n for _t, n in starts)
+        budget, held = rules.claim_budget(queue, want, processing=processing, started=started)
         taken = self._claim_queue(queue, budget) if budget > 0 else []
         if queue.rate_limit is not None and taken:
             sql.record_claim_start(queue.id, self.at, len(taken))
+            starts.append((self.at, len(taken)))
+        if held == "rateLimit":
+            # The window is full: every process's waiting workers look again when it opens
+            # (no item waits for the socket backstop).
+            opens = rules.rate_window_opens(queue, starts, self.at)
+            if opens is not None:
+                self.tally.opens(queue.name, opens)
         return taken
 
     def _claim_queue(self, queue: QueueInfo, want: int) -> list[Claimed]:

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from .. import events, metrics
 from ..status import Status
+from ..timeutil import to_wire
 from .rules import ItemRow
+
+# News: a queue's rate window opens at the time carried in the item id's place.
+OPENS = "opens"
 
 
 @dataclass
@@ -38,6 +43,11 @@ class Tally:
 
     def claimable(self, queue_name: str) -> None:
         self.news.append(("claimable", queue_name, ""))
+
+    def opens(self, queue_name: str, at: datetime) -> None:
+        """A queue's claims are held back by its rate limit until ``at``: every process's
+        waiting workers are told when to look again."""
+        self.news.append((OPENS, queue_name, to_wire(at) or ""))
 
     def count(self, queue_name: str, counter: str, amount: int = 1) -> None:
         self.counters[(queue_name, counter)] += amount

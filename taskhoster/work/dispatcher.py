@@ -40,6 +40,7 @@ from ..errors import QueueNotFound
 from ..faults import fault
 from ..keys import KEY_REVOKED, live_key_ids
 from ..osthread import name_os_thread
+from ..timeutil import parse_wire
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -125,6 +126,9 @@ class Dispatcher:
     def _one_piece(self, kind: str, queue: str, item_id: str, seen: int | None = None) -> None:
         if kind in ("claimable", events.POSTING):
             self.wake(queue, seen=seen)
+        elif kind == engine.OPENS:
+            # ``item_id`` carries when the queue's rate window opens: look again then.
+            self._timer_for(queue, parse_wire(item_id))
         elif kind == KEY_REVOKED:
             # ``item_id`` carries the key's id: its sockets close (4401), in every process.
             for socket in list(self.sockets):

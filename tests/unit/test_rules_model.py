@@ -13,13 +13,17 @@ state machine drives both through every rule:
   leases), releases of unsent claims;
 - the sweep's clocks: lapses, queue timeouts, retention from finished and from fetched;
   producers' first reads (fetched), deletes of any status, restarts (also refused ones);
-- queues with and without a dead-letter queue, ``maxAttempts`` unlimited or 1-3, backoffs.
+- queues with and without a dead-letter queue, ``maxAttempts`` unlimited or 1-3, backoffs;
+- flow control (section 8.1): posts of priorities 0-2, pause and resume, ``threadLimit`` 1-3
+  (changed while items wait: every thread recounted), ``maxProcessing``, ``rateLimit``.
 
 After every step each item's status, attempts, ``scheduledAt``, lease expiry, error,
 dead-letter copy and retention clock, each thread's head, and the claimable order are compared
-with the model, and I2 (one verdict per arrival), I3 (one processing member per thread), I4
-(threads claimed in head order, a freed thread's head promoted at once) and I5 (nothing live
-after ``postedAt + queueSeconds`` once the sweep ran) are checked.
+with the model, and I2 (one verdict per arrival), I3 (at most ``threadLimit`` processing
+members per thread: one by default), I4 (threads claimed in head order, a freed thread's head
+promoted at once), I5 (nothing live after ``postedAt + queueSeconds`` once the sweep ran), and
+the controls (no claim while paused, never more than ``maxProcessing`` processing, never more
+than ``rateLimit.count`` claims started in any window) are checked.
 
 The real engine is driven by the same kind of machine in ``test_thread_model.py`` (real files,
 a real database, a bounded number of sequences); this one runs ``EXAMPLES`` sequences of up to
@@ -54,6 +58,7 @@ from taskhoster.engine.rules import (
     Keep,
     Move,
     QueueInfo,
+    RateLimit,
     Refuse,
     Remove,
     ThreadEffect,
@@ -85,6 +90,7 @@ class Sim:
         self.copies: list[ItemRow] = []  # dead-letter copies, in the order they were made
         self.verdicts: dict[tuple[str, str], int] = {}  # (id, seq) -> verdicts made
         self.news: list[tuple[str, str]] = []
+        self.starts: list[tuple[datetime, int]] = []  # claims started (rate limit's log)
 
     def queue(self, row: ItemRow) -> QueueInfo:
         return self.queues[row.queue_id]
@@ -132,60 +138,105 @@ class Sim:
         if row.thread_id is not None:
             rules.apply_to_thread(self.thread(row), row.id, effect)
 
+    def line(self, key: tuple[int, str], limit: int) -> rules.Line:
+        """The thread's members as the index gives them (``rows.thread_line``)."""
+        members = [r for r in self.rows.values() if (r.queue_id, r.thread_id) == key]
+        pending = sorted((r for r in members if r.status is Status.PENDING), key=rules.line_order)
+        return rules.Line(
+            processing=[r.id for r in members if r.status is Status.PROCESSING][:limit],
+            pending=[r.id for r in pending[:limit]],
+        )
+
     def settle(self) -> None:
         for key, thread in list(self.threads.items()):
-            members = [r for r in self.rows.values() if (r.queue_id, r.thread_id) == key]
-            settled = rules.settle(thread, partial(rules.thread_head, members))
+            limit = self.queues[key[0]].thread_limit
+            settled = rules.settle(thread, partial(self.line, key, limit), limit)
             if settled is None:
                 continue
-            if settled.unmark and settled.unmark in self.rows:
-                self.rows[settled.unmark].eligible = False
+            for item_id in settled.unmark:
+                if item_id in self.rows:
+                    self.rows[item_id].eligible = False
             if settled.delete:
                 del self.threads[key]
                 continue
-            if settled.head is not None and self.rows[settled.head].status is Status.PENDING:
-                self.rows[settled.head].eligible = True
+            for item_id in settled.mark:
+                if self.rows[item_id].status is Status.PENDING:
+                    self.rows[item_id].eligible = True
 
     def candidates(self, at: datetime) -> list[ItemRow]:
-        """What the claim query finds: eligible and due, in line order."""
+        """What the claim query finds: eligible and due, in claim order."""
         found = [
             r
             for r in self.rows.values()
             if r.queue_id == QUEUE and r.eligible and r.scheduled_at <= at
         ]
-        return sorted(found, key=rules.line_order)
+        return sorted(found, key=rules.claim_order)
+
+    def may_take(self, row: ItemRow) -> bool:
+        thread = self.threads.get((row.queue_id, row.thread_id)) if row.thread_id else None
+        return rules.may_take(row, thread, self.queues[row.queue_id].thread_limit)
 
     def claimable(self, at: datetime) -> list[ItemRow]:
-        out = []
-        for row in self.candidates(at):
-            thread = self.threads.get((row.queue_id, row.thread_id)) if row.thread_id else None
-            if rules.may_take(row, thread):
-                out.append(row)
-        return out
+        return [row for row in self.candidates(at) if self.may_take(row)]
 
     def claim(self, want: int, at: datetime, leases: itertools.count[int]) -> list[ItemRow]:
+        """As ``claims.Claims`` does: the controls' budget, then the candidates in claim
+        order, a thread's second member after the other threads' heads of its priority."""
+        queue = self.queues[QUEUE]
+        window = queue.rate_limit.seconds if queue.rate_limit else 0.0
+        started = sum(n for t, n in self.starts if t > at - secs(window))
+        processing = sum(
+            1 for r in self.rows.values() if r.queue_id == QUEUE and r.status is Status.PROCESSING
+        )
+        budget, _held = rules.claim_budget(queue, want, processing=processing, started=started)
         taken: list[ItemRow] = []
-        for row in self.candidates(at):
-            if len(taken) >= want:
-                break
-            thread = self.threads.get((row.queue_id, row.thread_id)) if row.thread_id else None
-            if not rules.may_take(row, thread):
-                continue
+        seconds: list[ItemRow] = []
+        taken_from: set[str] = set()
+
+        def take(row: ItemRow) -> None:
+            if not self.may_take(row):
+                return
             move = rules.claim(row, self.queue(row), lease=f"L{next(leases)}", at=at)
             row.set(status=move.status)
             row.set(**move.changes)
-            if thread is not None:
-                rules.take_head(thread, row.id)
+            if row.thread_id is not None:
+                rules.take_head(self.threads[(row.queue_id, row.thread_id)], row.id)
+                taken_from.add(row.thread_id)
             taken.append(row)
+
+        for row in self.candidates(at) if budget > 0 else []:
+            while seconds and seconds[0].priority > row.priority and len(taken) < budget:
+                take(seconds.pop(0))
+            if len(taken) >= budget:
+                break
+            if row.thread_id is not None and row.thread_id in taken_from:
+                seconds.append(row)
+                continue
+            take(row)
+        while seconds and len(taken) < budget:
+            take(seconds.pop(0))
+        if queue.rate_limit is not None and taken:
+            self.starts.append((at, len(taken)))
         return taken
 
 
 def new_row(
-    item_id: str, queue_id: int, thread_id: str | None, at: datetime, scheduled: datetime
+    item_id: str,
+    queue_id: int,
+    thread_id: str | None,
+    at: datetime,
+    scheduled: datetime,
+    priority: int = 0,
 ) -> ItemRow:
     """A new item's row, as a post makes it (``posts.new_row``), in ``queue_id``."""
     row = posts.new_row(
-        item_id, at=at, scheduled_at=scheduled, thread_id=thread_id, key=None, origin=None
+        item_id,
+        at=at,
+        scheduled_at=scheduled,
+        thread_id=thread_id,
+        key=None,
+        origin=None,
+        priority=priority,
     )
     row.queue_id = queue_id
     row.eligible = thread_id is None
@@ -202,6 +253,7 @@ class MItem:
     posted: datetime
     scheduled: datetime
     arrival: int
+    priority: int = 0
     status: str = "pending"
     attempts: int = 0
     error: str | None = None
@@ -227,6 +279,10 @@ class Settings:
     backoff: float
     backoff_max: float
     dead_letter: bool
+    thread_limit: int = 1
+    max_processing: int | None = None
+    rate: tuple[int, float] | None = None
+    paused: bool = False
 
 
 class Model:
@@ -237,6 +293,7 @@ class Model:
         self.items: dict[str, MItem] = {}
         self.copies: list[tuple[str, str, int]] = []  # (dead item, error, attempts)
         self.arrivals = itertools.count()
+        self.started: list[datetime] = []  # when each claim started (one entry per item)
 
     def live_members(self, thread: str) -> list[MItem]:
         return [i for i in self.items.values() if i.thread == thread and not i.terminal]
@@ -246,20 +303,57 @@ class Model:
         waiting = [i for i in self.live_members(thread) if i.status == "pending"]
         return min(waiting, key=lambda i: (i.scheduled, i.arrival)) if waiting else None
 
-    def busy(self, thread: str) -> bool:
-        return any(i.status == "processing" for i in self.live_members(thread))
+    def busy(self, thread: str) -> int:
+        return sum(1 for i in self.live_members(thread) if i.status == "processing")
+
+    def heads(self, thread: str) -> list[MItem]:
+        """Section 8.1: a thread's eligible members are its earliest-scheduledAt
+        non-processing ones, as many as ``threadLimit`` leaves room for (seed 000's one
+        head when it is 1)."""
+        waiting = sorted(
+            (i for i in self.live_members(thread) if i.status == "pending"),
+            key=lambda i: (i.scheduled, i.arrival),
+        )
+        return waiting[: max(0, self.s.thread_limit - self.busy(thread))]
 
     def claimable(self, at: datetime) -> list[MItem]:
-        """Rule 2: pending, due, and unthreaded or the head of a thread none of whose members
-        is processing; earliest scheduledAt first, ties by arrival."""
+        """Rule 2 and section 8.1: pending, due, and unthreaded or one of its thread's heads;
+        higher priority first, then earliest scheduledAt, ties by arrival."""
         out = [
             i
             for i in self.items.values()
             if i.status == "pending"
             and i.scheduled <= at
-            and (i.thread is None or (not self.busy(i.thread) and self.head(i.thread) is i))
+            and (i.thread is None or i in self.heads(i.thread))
         ]
-        return sorted(out, key=lambda i: (i.scheduled, i.arrival))
+        return sorted(out, key=lambda i: (-i.priority, i.scheduled, i.arrival))
+
+    def to_claim(self, want: int, at: datetime) -> list[MItem]:
+        """What a claim of ``want`` hands out: nothing while paused; at most what
+        ``maxProcessing`` and ``rateLimit`` leave; in claim order, except that within a
+        priority a thread's second member waits for the other threads' heads."""
+        if self.s.paused:
+            return []
+        budget = want
+        if self.s.max_processing is not None:
+            busy = sum(1 for i in self.items.values() if i.status == "processing")
+            budget = min(budget, max(0, self.s.max_processing - busy))
+        if self.s.rate is not None:
+            count, seconds = self.s.rate
+            recent = sum(1 for t in self.started if t > at - secs(seconds))
+            budget = min(budget, max(0, count - recent))
+        out: list[MItem] = []
+        for priority in sorted({i.priority for i in self.claimable(at)}, reverse=True):
+            level = [i for i in self.claimable(at) if i.priority == priority]
+            gave = {i.thread for i in out if i.thread is not None}
+            firsts: list[MItem] = []
+            for item in level:
+                if item.thread is None or item.thread not in gave:
+                    firsts.append(item)
+                    if item.thread is not None:
+                        gave.add(item.thread)
+            out += firsts + [i for i in level if i not in firsts]
+        return out[:budget]
 
     def exhausted(self, item: MItem) -> bool:
         return self.s.max_attempts is not None and item.attempts >= self.s.max_attempts
@@ -330,6 +424,9 @@ SETTINGS = st.builds(
     backoff=st.sampled_from((0.0, 1.0, 5.0)),
     backoff_max=st.sampled_from((4.0, 300.0)),
     dead_letter=st.booleans(),
+    thread_limit=st.sampled_from((1, 1, 2, 3)),
+    max_processing=st.sampled_from((None, None, 1, 2)),
+    rate=st.sampled_from((None, None, (2, 10.0))),
 )
 STEPS_TAKEN: list[int] = [0]
 
@@ -361,9 +458,21 @@ class RulesMachine(RuleBasedStateMachine):
             backoff_seconds=s.backoff,
             backoff_max_seconds=s.backoff_max,
             dead_letter_queue="dlq" if s.dead_letter else None,
+            paused=False,
+            max_processing=s.max_processing,
+            rate_limit=RateLimit(*s.rate) if s.rate else None,
+            thread_limit=s.thread_limit,
             deleting=False,
         )
-        dlq = replace(queue, id=DLQ, name="dlq", dead_letter_queue=None)
+        dlq = replace(
+            queue,
+            id=DLQ,
+            name="dlq",
+            dead_letter_queue=None,
+            max_processing=None,
+            rate_limit=None,
+            thread_limit=1,
+        )
         self.sim = Sim(queue, dlq)
         self.model = Model(s)
 
@@ -388,20 +497,38 @@ class RulesMachine(RuleBasedStateMachine):
     @rule(
         thread=st.sampled_from((None, *THREADS)),
         delay=st.sampled_from((0.0, 0.0, -20.0, 5.0, 40.0)),
+        priority=st.sampled_from((0, 0, 1, 2)),
     )
-    def post(self, thread: str | None, delay: float) -> None:
+    def post(self, thread: str | None, delay: float, priority: int) -> None:
         item_id = f"i{next(self.ids):04d}"
         scheduled = self.at + secs(delay)
         refused = rules.schedule_refusal(scheduled, self.at, self.model.s.queue)
         assert refused is None  # every delay here is well within queueSeconds
-        row = new_row(item_id, QUEUE, thread, self.at, scheduled)
+        row = new_row(item_id, QUEUE, thread, self.at, scheduled, priority)
         self.sim.rows[item_id] = row
         if thread is not None:
             self.sim.thread(row).delta += 1
             self.sim.thread(row).touched = True
         self.model.items[item_id] = MItem(
-            item_id, thread, self.at, scheduled, next(self.model.arrivals)
+            item_id, thread, self.at, scheduled, next(self.model.arrivals), priority
         )
+        self.step()
+
+    # section 8.1: an operator pauses or resumes the queue, or changes its threadLimit (the
+    # engine then settles every thread again: ``Resettle``)
+    @rule(paused=st.booleans())
+    def pause(self, paused: bool) -> None:
+        self.model.s.paused = paused
+        self.sim.queues[QUEUE] = replace(self.sim.queues[QUEUE], paused=paused)
+        self.step()
+
+    @rule(limit=st.sampled_from((1, 2, 3)))
+    def thread_limit(self, limit: int) -> None:
+        self.model.s.thread_limit = limit
+        self.sim.queues[QUEUE] = replace(self.sim.queues[QUEUE], thread_limit=limit)
+        for key, thread in self.sim.threads.items():
+            if key[0] == QUEUE:
+                thread.touched = True
         self.step()
 
     # rule 2
@@ -411,15 +538,28 @@ class RulesMachine(RuleBasedStateMachine):
         self.step()
 
     def _claim(self, want: int) -> list[ItemRow]:
-        expected = self.model.claimable(self.at)[:want]
+        expected = self.model.to_claim(want, self.at)
         taken = self.sim.claim(want, self.at, self.leases)
         assert [r.id for r in taken] == [i.id for i in expected]
         for row in taken:
             item = self.mitem(row)
             assert row.lease is not None
             self.model.claim(item, row.lease, self.at)
+            self.model.started.append(self.at)
             if item.thread is not None:
                 self.claimed_heads.append((item.thread, item.id))
+        # The controls, checked on what the claim did (not on the model's arithmetic).
+        assert not (taken and self.model.s.paused), "a paused queue handed an item out"
+        busy = [r for r in self.rows() if r.status is Status.PROCESSING]
+        cap = self.model.s.max_processing
+        assert not taken or cap is None or len(busy) <= cap, (len(busy), cap)
+        for name in {r.thread_id for r in taken if r.thread_id is not None}:
+            members = [r for r in busy if r.thread_id == name]
+            assert len(members) <= self.model.s.thread_limit, (name, members)
+        if self.model.s.rate is not None:
+            count, seconds = self.model.s.rate
+            recent = [t for t in self.model.started if t > self.at - secs(seconds)]
+            assert len(recent) <= count, (len(recent), count)
         return taken
 
     # a worker: a claim, and what its worker does with the item at once
@@ -657,26 +797,28 @@ class RulesMachine(RuleBasedStateMachine):
 
     @invariant()
     def threads_hold_their_rule(self) -> None:
-        """I3, and seed 000's bookkeeping: each live thread's row names its one processing
-        member, or its head (the only eligible member); a thread with no live member has
-        no row."""
+        """I3, and seed 000's bookkeeping under ``threadLimit``: each live thread's row
+        counts its processing members and names its heads (the only eligible members); a
+        thread with no live member has no row. (A limit lowered while more members were
+        processing holds new claims back; those already out finish.)"""
         if not hasattr(self, "sim"):
             return
         for name in THREADS:
             members = self.model.live_members(name)
             thread = self.sim.threads.get((QUEUE, name))
             busy = [i.id for i in members if i.status == "processing"]
-            assert len(busy) <= 1
+            assert len(busy) <= 3
             if not members:
                 assert thread is None
                 continue
             assert thread is not None
             assert thread.member_count == len(members)
-            assert thread.processing_item == (busy[0] if busy else None)
-            head = None if busy else self.model.head(name)
-            assert thread.head_item == (head.id if head else None)
+            assert thread.processing == min(len(busy), self.model.s.thread_limit)
+            assert (thread.processing_item in busy) if busy else thread.processing_item is None
+            heads = [i.id for i in self.model.heads(name)]
+            assert thread.heads == heads
             eligible = [r.id for r in self.rows() if r.thread_id == name and r.eligible]
-            assert eligible == ([head.id] if head else [])
+            assert sorted(eligible) == sorted(heads)
 
     @invariant()
     def one_verdict_per_arrival(self) -> None:
