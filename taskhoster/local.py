@@ -141,8 +141,9 @@ def post(
     """Post one item to ``queue``, now, or when the open transaction commits.
 
     Its options are ``options`` (an :class:`ItemOptions`) or their fields as keywords
-    (``thread_id=``, ``delay=``, ``scheduled_at=``, ``key=``; a keyword wins over
-    ``options``). ``delay`` (seconds or a timedelta, counted from the moment the item is
+    (``thread_id=``, ``delay=``, ``scheduled_at=``, ``key=``, ``priority=``; a keyword wins
+    over ``options``). ``priority`` (0-9, default 0): a queue hands out its higher priorities
+    first. ``delay`` (seconds or a timedelta, counted from the moment the item is
     posted) and ``scheduled_at`` (an aware datetime, or a wire time such as
     ``2026-01-31T12:00:00Z``) are exclusive. With a ``key`` whose item is still live in the
     queue, that item is the answer (``created`` is False).

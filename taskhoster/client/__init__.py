@@ -42,7 +42,7 @@ from .errors import (
     Unauthorized,
     WaitTimeout,
 )
-from .models import Item, ItemOptions, NewItem, QueueInfo
+from .models import Item, ItemOptions, NewItem, QueueInfo, RateLimit
 
 if TYPE_CHECKING:
     from .producer import AsyncProducer, Producer
@@ -84,6 +84,7 @@ __all__ = [
     "PermanentError",
     "Producer",
     "QueueInfo",
+    "RateLimit",
     "RetryableError",
     "ServerError",
     "SocketError",

@@ -20,7 +20,7 @@ from urllib.parse import quote
 import httpx
 
 from .errors import APIError, ConfigError, ConnectionFailed, api_error
-from .models import Item, ItemOptions, NewItem, QueueInfo, to_seconds
+from .models import Item, ItemOptions, NewItem, QueueInfo, RateLimit, to_seconds
 
 T = TypeVar("T")
 
@@ -247,9 +247,15 @@ def queue_settings(
     backoff_seconds: float | None,
     backoff_max_seconds: float | None,
     dead_letter_queue: Any,
+    paused: bool | None = None,
+    max_processing: Any = _UNSET,
+    rate_limit: Any = _UNSET,
+    thread_limit: int | None = None,
 ) -> dict[str, Any]:
-    """The settings that were given, by their wire names (``max_attempts`` and
-    ``dead_letter_queue`` may be None, meaning unlimited and none)."""
+    """The settings that were given, by their wire names (``max_attempts``,
+    ``dead_letter_queue``, ``max_processing`` and ``rate_limit`` may be None, meaning
+    unlimited or none). A :class:`RateLimit` is sent as its wire form; any other
+    ``rate_limit`` (a ``{"count", "seconds"}`` dict) as it is, for the server to judge."""
     given: dict[str, Any] = {
         "leaseSeconds": lease_seconds,
         "queueSeconds": queue_seconds,
@@ -257,13 +263,24 @@ def queue_settings(
         "retainFrom": retain_from,
         "backoffSeconds": backoff_seconds,
         "backoffMaxSeconds": backoff_max_seconds,
+        "paused": paused,
+        "threadLimit": thread_limit,
     }
     body = {name: value for name, value in given.items() if value is not None}
     if max_attempts is not _UNSET:
         body["maxAttempts"] = max_attempts
     if dead_letter_queue is not _UNSET:
         body["deadLetterQueue"] = dead_letter_queue
+    if max_processing is not _UNSET:
+        body["maxProcessing"] = max_processing
+    if rate_limit is not _UNSET:
+        body["rateLimit"] = rate_limit.wire() if isinstance(rate_limit, RateLimit) else rate_limit
     return body
+
+
+def set_paused(name: str, paused: bool) -> Call[QueueInfo]:
+    """Pause or resume a queue: a PUT of ``paused`` alone (the other settings are kept)."""
+    return put_queue(name, {"paused": paused})
 
 
 def get_queue(name: str) -> Call[QueueInfo]:

@@ -4,6 +4,7 @@ command as a worker.
     taskhoster post emails '{"to": "ada@example.com"}'
     taskhoster wait ITEM_ID --timeout 30
     taskhoster queues
+    taskhoster pause emails                      # hand out nothing until: resume emails
     taskhoster work emails -- ./send-email.sh
 
 The server is ``--url`` or ``$TASKHOSTER_URL`` (default http://127.0.0.1:8000); the key is
@@ -30,10 +31,10 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from .errors import PermanentError, RetryableError, TaskhosterError, WaitTimeout
-from .models import Item, ItemOptionFields, NewItem
+from .models import MAX_PRIORITY, Item, ItemOptionFields, NewItem, RateLimit
 from .producer import Producer
 from .worker import Handler, Job, Worker
 
@@ -67,7 +68,46 @@ def _none_or(convert: Callable[[str], Any]) -> Callable[[str], Any]:
     def parse(value: str) -> Any:
         return None if value.lower() in ("none", "null") else convert(value)
 
+    # argparse names the expected type by the converter's __name__ in its errors.
+    parse.__name__ = getattr(convert, "__name__", "value")
     return parse
+
+
+def _int_from(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An integer of at least ``low`` (and at most ``high``), or a usage error saying so."""
+    wanted = f"an integer from {low} to {high}" if high is not None else f"an integer {low} or more"
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not {wanted}") from None
+        if number < low or (high is not None and number > high):
+            raise argparse.ArgumentTypeError(f"{value!r} is not {wanted}")
+        return number
+
+    return parse
+
+
+def parse_rate_limit(value: str) -> RateLimit | None:
+    """``--rate-limit``: ``COUNT/SECONDS`` (``10/1``: at most 10 claims start in any second;
+    ``100/0.5``), or ``none`` (no limit)."""
+    if value.strip().lower() in ("none", "null"):
+        return None
+    count_text, slash, seconds_text = value.partition("/")
+    try:
+        if not slash:
+            raise ValueError
+        count, seconds = int(count_text), float(seconds_text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not COUNT/SECONDS (e.g. 10/1) or none"
+        ) from None
+    if count < 1 or not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: COUNT must be 1 or more and SECONDS a number greater than 0"
+        )
+    return RateLimit(count, int(seconds) if seconds.is_integer() else seconds)
 
 
 WORK_DESCRIPTION = """\
@@ -87,10 +127,19 @@ examples:
   taskhoster work emails --capacity 4 -- python3 send.py --retries 2"""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, telling a bad option value in one line: the error names the
+    option, so the usage (a dozen lines for put-queue) would only bury it. Other usage
+    errors (a missing argument, an unknown option) come with the usage, as usual."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("argument -"):
+            self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        super().error(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="taskhoster", description="Talk to a Taskhoster server from the shell."
-    )
+    parser = _Parser(prog="taskhoster", description="Talk to a Taskhoster server from the shell.")
     parser.add_argument(
         "--url", help="server address (default: $TASKHOSTER_URL or http://127.0.0.1:8000)"
     )
@@ -113,6 +162,12 @@ def _parser() -> argparse.ArgumentParser:
     when.add_argument("--delay", type=float, help="seconds before it may be claimed")
     when.add_argument("--at", dest="scheduled_at", help="scheduledAt, e.g. 2030-01-31T12:00:00Z")
     post.add_argument("--idempotency-key", help="the item's key (default: one is made up)")
+    post.add_argument(
+        "--priority",
+        type=_int_from(0, MAX_PRIORITY),
+        metavar="N",
+        help=f"0-{MAX_PRIORITY} (default 0): higher priorities are handed out first",
+    )
     post.add_argument(
         "--wait",
         type=float,
@@ -161,6 +216,40 @@ def _parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="a queue, or none",
     )
+    put.add_argument(
+        "--paused",
+        action=argparse.BooleanOptionalAction,
+        help="hand out nothing of the queue (--no-paused: hand out again)",
+    )
+    put.add_argument(
+        "--max-processing",
+        type=_none_or(_int_from(1)),
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help="at most N items processing at once, or none (no limit)",
+    )
+    put.add_argument(
+        "--rate-limit",
+        type=parse_rate_limit,
+        default=argparse.SUPPRESS,
+        metavar="COUNT/SECONDS",
+        help="at most COUNT claims start in any SECONDS (e.g. 10/1), or none (no limit)",
+    )
+    put.add_argument(
+        "--thread-limit",
+        type=_int_from(1),
+        metavar="N",
+        help="at most N members of one thread processing at once (default 1)",
+    )
+
+    pause = commands.add_parser(
+        "pause", help="hand out nothing of a queue until it is resumed (prints the queue)"
+    )
+    pause.add_argument("name", metavar="QUEUE")
+    resume = commands.add_parser(
+        "resume", help="hand out a paused queue's items again (prints the queue)"
+    )
+    resume.add_argument("name", metavar="QUEUE")
 
     items = commands.add_parser("items", help="list a queue's items (JSON lines, no payloads)")
     items.add_argument("queue")
@@ -257,6 +346,7 @@ def _post(producer: Producer, args: argparse.Namespace) -> int:
         "thread_id": args.thread_id,
         "delay": args.delay,
         "scheduled_at": args.scheduled_at,
+        "priority": args.priority,
     }
     if args.lines:
         payloads = [
@@ -333,13 +423,25 @@ def _put_queue(producer: Producer, args: argparse.Namespace) -> int:
             "retain_from",
             "backoff_seconds",
             "backoff_max_seconds",
+            "paused",
+            "thread_limit",
         )
     }
-    # None on these two means "unlimited" / "none": they are passed only when given.
-    for name in ("max_attempts", "dead_letter_queue"):
+    # None on these means "unlimited" / "none": they are passed only when given.
+    for name in ("max_attempts", "dead_letter_queue", "max_processing", "rate_limit"):
         if hasattr(args, name):
             settings[name] = getattr(args, name)
     _print_json(producer.put_queue(args.name, **settings).raw, sys.stdout)
+    return 0
+
+
+def _pause(producer: Producer, args: argparse.Namespace) -> int:
+    _print_json(producer.pause(args.name).raw, sys.stdout)
+    return 0
+
+
+def _resume(producer: Producer, args: argparse.Namespace) -> int:
+    _print_json(producer.resume(args.name).raw, sys.stdout)
     return 0
 
 
@@ -357,6 +459,8 @@ COMMANDS: dict[str, Callable[[Producer, argparse.Namespace], int]] = {
     "restart": _restart,
     "queues": _queues,
     "put-queue": _put_queue,
+    "pause": _pause,
+    "resume": _resume,
     "items": _items,
 }
 

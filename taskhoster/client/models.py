@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
 TERMINAL = frozenset({"finished", "failed"})
+#: An item's ``priority`` runs from 0 (the default) to 9 (SPEC section 8.1).
+MAX_PRIORITY = 9
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -50,6 +52,7 @@ class Item:
     key: str | None = None
     origin: dict[str, Any] | None = None
     dead_letter: str | None = None
+    priority: int = 0
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -83,13 +86,40 @@ class Item:
             key=data.get("key"),
             origin=data.get("origin"),
             dead_letter=data.get("deadLetter"),
+            priority=int(data.get("priority") or 0),  # a server before priorities: 0
             raw=data,
         )
 
 
 @dataclass(frozen=True)
+class RateLimit:
+    """A queue's ``rateLimit``: at most ``count`` claims of its items start in any
+    ``seconds``."""
+
+    count: int
+    seconds: float
+
+    def wire(self) -> dict[str, Any]:
+        return {"count": self.count, "seconds": self.seconds}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> RateLimit | None:
+        """``{"count": N, "seconds": S}`` as a RateLimit; null (no limit) as None."""
+        if not isinstance(data, dict):
+            return None
+        return cls(count=int(data["count"]), seconds=float(data["seconds"]))
+
+
+@dataclass(frozen=True)
 class QueueInfo:
-    """A queue's settings and its live counts per status."""
+    """A queue's settings and its live counts per status.
+
+    The flow controls (``paused``, ``max_processing``, ``rate_limit``, ``thread_limit``) read
+    as their defaults from a server that does not send them. ``held``: how many due items
+    wait only because of a control, by the control's wire name (``paused``,
+    ``maxProcessing``, ``rateLimit``, ``thread``); sent only for one queue
+    (:meth:`Producer.queue`), None in a listing.
+    """
 
     name: str
     lease_seconds: float
@@ -101,6 +131,11 @@ class QueueInfo:
     backoff_max_seconds: float
     dead_letter_queue: str | None
     counts: dict[str, int]
+    paused: bool = False
+    max_processing: int | None = None
+    rate_limit: RateLimit | None = None
+    thread_limit: int = 1
+    held: dict[str, int] | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -116,6 +151,15 @@ class QueueInfo:
             backoff_max_seconds=float(data["backoffMaxSeconds"]),
             dead_letter_queue=data.get("deadLetterQueue"),
             counts={str(k): int(v) for k, v in (data.get("counts") or {}).items()},
+            paused=bool(data.get("paused", False)),
+            max_processing=data.get("maxProcessing"),
+            rate_limit=RateLimit.from_wire(data.get("rateLimit")),
+            thread_limit=int(data.get("threadLimit") or 1),
+            held=(
+                {str(k): int(v) for k, v in data["held"].items()}
+                if isinstance(data.get("held"), dict)
+                else None
+            ),
             raw=data,
         )
 
@@ -128,6 +172,7 @@ class ItemOptionFields(TypedDict, total=False):
     delay: float | timedelta | None
     scheduled_at: datetime | str | None
     key: str | None
+    priority: int | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,13 +184,16 @@ class ItemOptions:
     ``thread_id``: the items of a thread are handed out one at a time, in order. ``delay``
     (seconds or a timedelta, from the post) and ``scheduled_at`` (a datetime or a wire time)
     are exclusive. ``key``: while an item of that key is still in the queue, a post with the
-    same key answers that item instead of making another.
+    same key answers that item instead of making another. ``priority``: 0 to 9 (None: the
+    server's default, 0); among a queue's claimable items the higher priority is handed out
+    first.
     """
 
     thread_id: str | None = None
     delay: float | timedelta | None = None
     scheduled_at: datetime | str | None = None
     key: str | None = None
+    priority: int | None = None
 
     @classmethod
     def given(cls, options: ItemOptions | None, fields: ItemOptionFields) -> ItemOptions:
@@ -171,13 +219,15 @@ class ItemOptions:
             body["scheduledAt"] = to_wire_time(at) if isinstance(at, datetime) else at
         if self.key is not None:
             body["key"] = self.key
+        if self.priority is not None:
+            body["priority"] = self.priority
         return body
 
 
 @dataclass(frozen=True)
 class NewItem(ItemOptions):
     """One item of ``post_many`` with its options (a bare payload needs none):
-    ``NewItem(payload, thread_id=..., delay=..., scheduled_at=..., key=...)``.
+    ``NewItem(payload, thread_id=..., delay=..., scheduled_at=..., key=..., priority=...)``.
 
     Without ``key``, a :class:`Producer` makes one up, so that resending the batch after a lost
     answer is safe.

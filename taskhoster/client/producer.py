@@ -19,7 +19,7 @@ import httpx
 from . import _http
 from ._http import _UNSET, Attempt, Call
 from .errors import ItemFailed, WaitTimeout
-from .models import Item, ItemOptionFields, ItemOptions, QueueInfo
+from .models import Item, ItemOptionFields, ItemOptions, QueueInfo, RateLimit
 
 T = TypeVar("T")
 
@@ -116,9 +116,19 @@ class Producer(_Base):
         backoff_seconds: float | None = None,
         backoff_max_seconds: float | None = None,
         dead_letter_queue: str | None = _UNSET,
+        paused: bool | None = None,
+        max_processing: int | None = _UNSET,
+        rate_limit: RateLimit | dict[str, Any] | None = _UNSET,
+        thread_limit: int | None = None,
     ) -> QueueInfo:
         """Create the queue, or update the settings given (the others are kept).
-        ``max_attempts=None`` means unlimited; ``dead_letter_queue=None`` means none."""
+        ``max_attempts=None`` means unlimited; ``dead_letter_queue=None`` means none.
+
+        Flow control (SPEC section 8.1): ``paused`` (nothing is handed out while true),
+        ``max_processing`` (at most this many items processing at once; None: no limit),
+        ``rate_limit`` (a :class:`RateLimit`, or ``{"count": N, "seconds": S}``: at most N
+        claims start in any S seconds; None: no limit) and ``thread_limit`` (at most this
+        many members of one thread processing at once; 1 by default)."""
         settings = _http.queue_settings(
             lease_seconds=lease_seconds,
             queue_seconds=queue_seconds,
@@ -128,10 +138,25 @@ class Producer(_Base):
             backoff_seconds=backoff_seconds,
             backoff_max_seconds=backoff_max_seconds,
             dead_letter_queue=dead_letter_queue,
+            paused=paused,
+            max_processing=max_processing,
+            rate_limit=rate_limit,
+            thread_limit=thread_limit,
         )
         return self._run(_http.put_queue(name, settings))
 
+    def pause(self, queue: str) -> QueueInfo:
+        """Hand out nothing more of the queue (claims get no items, sockets no pushes) until
+        :meth:`resume`; posts, verdicts and every clock go on. A PUT: it creates a queue
+        that does not exist."""
+        return self._run(_http.set_paused(queue, True))
+
+    def resume(self, queue: str) -> QueueInfo:
+        """Undo :meth:`pause`: waiting workers get the queue's items at once."""
+        return self._run(_http.set_paused(queue, False))
+
     def queue(self, name: str) -> QueueInfo:
+        """The queue's settings, counts and ``held`` counts."""
         return self._run(_http.get_queue(name))
 
     def queues(self) -> list[QueueInfo]:
@@ -151,7 +176,8 @@ class Producer(_Base):
         **fields: Unpack[ItemOptionFields],
     ) -> Item:
         """Post one item, with ``options`` or their fields as keywords (``thread_id=``,
-        ``delay=`` or ``scheduled_at=``, ``key=``; a keyword wins over ``options``). With a
+        ``delay=`` or ``scheduled_at=``, ``key=``, ``priority=``; a keyword wins over
+        ``options``). With a
         ``key`` whose item still exists in the queue, that item is returned instead of a new
         one."""
         body = _http.item_body(payload, ItemOptions.given(options, fields), self.auto_key)
@@ -282,6 +308,10 @@ class AsyncProducer(_Base):
         backoff_seconds: float | None = None,
         backoff_max_seconds: float | None = None,
         dead_letter_queue: str | None = _UNSET,
+        paused: bool | None = None,
+        max_processing: int | None = _UNSET,
+        rate_limit: RateLimit | dict[str, Any] | None = _UNSET,
+        thread_limit: int | None = None,
     ) -> QueueInfo:
         settings = _http.queue_settings(
             lease_seconds=lease_seconds,
@@ -292,8 +322,18 @@ class AsyncProducer(_Base):
             backoff_seconds=backoff_seconds,
             backoff_max_seconds=backoff_max_seconds,
             dead_letter_queue=dead_letter_queue,
+            paused=paused,
+            max_processing=max_processing,
+            rate_limit=rate_limit,
+            thread_limit=thread_limit,
         )
         return await self._run(_http.put_queue(name, settings))
+
+    async def pause(self, queue: str) -> QueueInfo:
+        return await self._run(_http.set_paused(queue, True))
+
+    async def resume(self, queue: str) -> QueueInfo:
+        return await self._run(_http.set_paused(queue, False))
 
     async def queue(self, name: str) -> QueueInfo:
         return await self._run(_http.get_queue(name))

@@ -95,6 +95,7 @@ class Job:
     scheduled_at: datetime | None
     lease_expires_at: datetime | None
     lease: str
+    priority: int = 0
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -108,6 +109,7 @@ class Job:
             scheduled_at=parse_time(frame.get("scheduledAt")),
             lease_expires_at=parse_time(frame.get("leaseExpiresAt")),
             lease=str(frame.get("lease") or ""),
+            priority=int(frame.get("priority") or 0),  # a server before priorities: 0
             raw=frame,
         )
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from taskhoster.client import Producer
+from taskhoster.client import Producer, RateLimit
 
 from ..conftest import REPO
 
@@ -64,7 +64,7 @@ def cli(server, key, tmp_path):
 def test_the_command_is_installed_with_the_package():
     assert COMMAND.exists(), "pip install -e . puts taskhoster beside python"
     done = subprocess.run([str(COMMAND), "--help"], capture_output=True, text=True, check=True)
-    for word in ("post", "get", "wait", "queues", "work"):
+    for word in ("post", "get", "wait", "queues", "work", "pause", "resume"):
         assert word in done.stdout
 
 
@@ -146,6 +146,112 @@ def test_post_lines_posts_one_item_per_line_and_put_queue_sets_settings(cli, pro
     assert cli("put-queue", "batch", "--max-attempts", "none").returncode == 0
     assert producer.queue("batch").max_attempts is None
     assert producer.queue("batch").lease_seconds == 15
+
+
+def claim_now(http, queue="q", most=1):
+    """The ids a claim that does not wait hands out (none when nothing may be)."""
+    answer = http.post(f"/api/queues/{queue}/claim", json={"max": most, "wait": 0})
+    assert answer.status_code == 200, answer.text
+    return [i["id"] for i in answer.json()["items"]]
+
+
+def test_post_priority_sets_the_items_priority_and_higher_is_claimed_first(cli, producer, http):
+    plain = cli("post", "q", '"plain"')
+    urgent = cli("post", "q", '"urgent"', "--priority", "7")
+    assert urgent.returncode == 0, urgent.stderr
+    assert json.loads(plain.stdout)["priority"] == 0
+    urgent_id = json.loads(urgent.stdout)["id"]
+    assert json.loads(urgent.stdout)["priority"] == 7
+    assert producer.get(urgent_id).priority == 7
+    lines = cli("post", "q", "--lines", "--priority", "3", input="1\n2\n")
+    assert [json.loads(line)["priority"] for line in lines.stdout.splitlines()] == [3, 3]
+    assert claim_now(http)[0] == urgent_id
+
+
+def test_pause_then_claims_get_nothing_and_resume_hands_the_item_out(cli, producer, http):
+    paused = cli("pause", "q")
+    assert paused.returncode == 0, paused.stderr
+    assert json.loads(paused.stdout)["paused"] is True
+    item = producer.post("q", 1)
+    assert claim_now(http) == []
+    assert producer.queue("q").held["paused"] == 1
+    resumed = cli("resume", "q")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["paused"] is False
+    assert claim_now(http) == [item.id]
+
+
+def test_put_queue_sets_flow_controls_and_none_clears_them(cli, producer):
+    put = cli(
+        "put-queue",
+        "q",
+        "--max-processing",
+        "4",
+        "--rate-limit",
+        "10/1",
+        "--thread-limit",
+        "2",
+        "--paused",
+    )
+    assert put.returncode == 0, put.stderr
+    shown = json.loads(put.stdout)
+    assert (shown["maxProcessing"], shown["rateLimit"], shown["threadLimit"], shown["paused"]) == (
+        4,
+        {"count": 10, "seconds": 1},
+        2,
+        True,
+    )
+    assert cli("put-queue", "q", "--rate-limit", "3/0.5").returncode == 0
+    queue = producer.queue("q")
+    assert (queue.rate_limit, queue.max_processing, queue.paused) == (RateLimit(3, 0.5), 4, True)
+    cleared = cli("put-queue", "q", "--max-processing", "none", "--rate-limit", "none")
+    assert cleared.returncode == 0, cleared.stderr
+    assert cli("put-queue", "q", "--no-paused").returncode == 0
+    queue = producer.queue("q")
+    assert (queue.max_processing, queue.rate_limit, queue.paused, queue.thread_limit) == (
+        None,
+        None,
+        False,
+        2,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ["put-queue", "q", "--rate-limit", "10"],
+            "argument --rate-limit: '10' is not COUNT/SECONDS",
+        ),
+        (["put-queue", "q", "--rate-limit", "ten/1"], "is not COUNT/SECONDS"),
+        (["put-queue", "q", "--rate-limit", "10/x"], "is not COUNT/SECONDS"),
+        (["put-queue", "q", "--rate-limit", "0/1"], "COUNT must be 1 or more"),
+        (["put-queue", "q", "--rate-limit", "10/0"], "SECONDS a number greater than 0"),
+        (["put-queue", "q", "--max-processing", "0"], "argument --max-processing: '0' is not"),
+        (["put-queue", "q", "--thread-limit", "many"], "argument --thread-limit: 'many' is not"),
+        (["post", "q", "1", "--priority", "10"], "argument --priority: '10' is not an integer"),
+    ],
+    ids=[
+        "no-slash",
+        "count-not-a-number",
+        "seconds-not-a-number",
+        "zero-count",
+        "zero-seconds",
+        "zero-max-processing",
+        "thread-limit-not-a-number",
+        "priority-over-9",
+    ],
+)
+def test_a_bad_flow_control_value_is_a_one_line_usage_error_with_exit_2(cli, producer, args, said):
+    done = cli(*args)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"taskhoster {args[0]}: error: "), done.stderr
+    assert said in done.stderr
+    queue = producer.queue("q")  # nothing reached the server
+    assert (queue.max_processing, queue.rate_limit, queue.thread_limit) == (None, None, 1)
+    assert queue.counts["pending"] == 0
 
 
 def test_flags_override_the_environment_and_errors_exit_1_with_the_code(cli, server, key, producer):

@@ -17,10 +17,15 @@ from taskhoster.client import (
     Conflict,
     ConnectionFailed,
     Forbidden,
+    Item,
     ItemFailed,
+    ItemOptions,
+    Job,
     NewItem,
     NotFound,
     Producer,
+    QueueInfo,
+    RateLimit,
     TooLarge,
     Unauthorized,
     WaitTimeout,
@@ -71,6 +76,13 @@ def finish(http, item_id, result):
     assert answer["accepted"] is True
 
 
+def claim_now(http, queue="q", most=1):
+    """The ids a claim that does not wait hands out (none when nothing may be)."""
+    answer = http.post(f"/api/queues/{queue}/claim", json={"max": most, "wait": 0})
+    assert answer.status_code == 200, answer.text
+    return [i["id"] for i in answer.json()["items"]]
+
+
 def fail_for_good(http, queue="q"):
     claimed = claim(http, queue)
     answer = http.post(
@@ -114,7 +126,150 @@ def test_delete_queue_removes_it_and_its_items(producer):
         producer.get(item.id)
 
 
+def test_put_queue_sets_the_flow_controls_and_none_clears_the_limits(producer):
+    fresh = producer.put_queue("q")
+    assert (fresh.paused, fresh.max_processing, fresh.rate_limit, fresh.thread_limit) == (
+        False,
+        None,
+        None,
+        1,
+    )
+    limited = producer.put_queue(
+        "q", max_processing=3, rate_limit=RateLimit(10, 1), thread_limit=2, paused=True
+    )
+    assert (limited.max_processing, limited.rate_limit, limited.thread_limit) == (
+        3,
+        RateLimit(10, 1),
+        2,
+    )
+    assert limited.paused is True
+    assert limited.raw["rateLimit"] == {"count": 10, "seconds": 1}
+    read = producer.queue("q")
+    assert (read.max_processing, read.rate_limit, read.thread_limit, read.paused) == (
+        3,
+        RateLimit(10, 1),
+        2,
+        True,
+    )
+    # The wire form is taken too; other settings are kept when these change.
+    halved = producer.put_queue("q", rate_limit={"count": 5, "seconds": 0.5})
+    assert halved.rate_limit == RateLimit(5, 0.5)
+    assert (halved.max_processing, halved.thread_limit, halved.paused) == (3, 2, True)
+    cleared = producer.put_queue("q", max_processing=None, rate_limit=None, paused=False)
+    assert (cleared.max_processing, cleared.rate_limit, cleared.paused) == (None, None, False)
+    assert cleared.thread_limit == 2  # not given: kept
+
+
+def test_put_queue_refuses_a_bad_flow_control_with_the_servers_message(producer):
+    producer.put_queue("q")
+    with pytest.raises(BadRequest) as bad:
+        producer.put_queue("q", rate_limit=RateLimit(0, 1))
+    assert bad.value.code == "invalid_setting"
+    assert "rateLimit.count" in bad.value.message
+    with pytest.raises(BadRequest) as bad:
+        producer.put_queue("q", thread_limit=0)
+    assert "threadLimit" in bad.value.message
+    assert producer.queue("q").thread_limit == 1  # nothing changed
+
+
+def test_pause_holds_back_claims_and_resume_hands_the_item_out(producer, http):
+    producer.put_queue("q")
+    paused = producer.pause("q")
+    assert paused.paused is True
+    item = producer.post("q", "held")  # posts go on while paused
+    assert claim_now(http) == []
+    read = producer.queue("q")
+    assert read.held == {"paused": 1, "maxProcessing": 0, "rateLimit": 0, "thread": 0}
+    assert read.counts["pending"] == 1  # held back, still pending
+    resumed = producer.resume("q")
+    assert resumed.paused is False
+    assert claim_now(http) == [item.id]
+    assert producer.get(item.id).attempts == 1  # the pause cost it no attempt
+
+
+def test_held_is_read_for_one_queue_and_left_none_in_listings(producer):
+    producer.put_queue("q")
+    assert producer.queue("q").held == {
+        "paused": 0,
+        "maxProcessing": 0,
+        "rateLimit": 0,
+        "thread": 0,
+    }
+    assert [q.held for q in producer.queues()] == [None]
+
+
+def test_max_processing_caps_what_claims_hand_out(producer, http):
+    producer.put_queue("q", max_processing=2)
+    producer.post_many("q", [1, 2, 3])
+    assert len(claim_now(http, most=3)) == 2
+    assert claim_now(http) == []
+    assert producer.queue("q").held["maxProcessing"] == 1
+
+
+def test_a_queue_from_a_server_without_flow_control_reads_as_the_defaults():
+    wire = {
+        "name": "q",
+        "leaseSeconds": 60,
+        "queueSeconds": 86400,
+        "retainSeconds": 3600,
+        "retainFrom": "finished",
+        "maxAttempts": None,
+        "backoffSeconds": 1,
+        "backoffMaxSeconds": 300,
+        "deadLetterQueue": None,
+        "counts": {},
+    }
+    queue = QueueInfo.from_wire(wire)
+    assert (queue.paused, queue.max_processing, queue.rate_limit, queue.thread_limit) == (
+        False,
+        None,
+        None,
+        1,
+    )
+    assert queue.held is None
+    assert Item.from_wire({"id": "x", "status": "pending"}).priority == 0
+
+
+def test_a_socket_item_frame_gives_the_job_its_priority_and_0_when_left_out():
+    frame = {"type": "item", "id": "x", "queue": "q", "payload": 1, "lease": "l"}
+    assert Job.from_frame({**frame, "priority": 7}).priority == 7
+    assert Job.from_frame(frame).priority == 0
+
+
 # -- posting ---------------------------------------------------------------------------------
+
+
+def test_post_with_priority_7_reads_back_7_and_the_default_is_0(producer):
+    producer.put_queue("q")
+    plain = producer.post("q", "plain")
+    urgent = producer.post("q", "urgent", priority=7)
+    assert (plain.priority, urgent.priority) == (0, 7)
+    assert urgent.raw["priority"] == 7
+    assert producer.get(urgent.id).priority == 7
+    assert [i.priority for i in producer.items("q")] == [0, 7]  # listings carry it too
+    optioned = producer.post("q", "optioned", options=ItemOptions(priority=3))
+    assert optioned.priority == 3
+    batch = producer.post_many("q", ["bare", NewItem("high", priority=9)])
+    assert [i.priority for i in batch] == [0, 9]
+
+
+def test_the_higher_priority_is_claimed_first_then_arrival_order(producer, http):
+    producer.put_queue("q")
+    low = producer.post("q", "low")
+    high = producer.post("q", "high", priority=7)
+    middle, higher = producer.post_many(
+        "q", [NewItem("middle", priority=3), NewItem("higher", priority=7)]
+    )
+    assert claim_now(http, most=4) == [high.id, higher.id, middle.id, low.id]
+
+
+def test_a_priority_outside_0_to_9_is_refused(producer):
+    producer.put_queue("q")
+    for bad in (10, -1):
+        with pytest.raises(BadRequest) as refused:
+            producer.post("q", 1, priority=bad)
+        assert "priority" in refused.value.message
+    assert producer.queue("q").counts["pending"] == 0
 
 
 def test_post_carries_thread_id_delay_and_scheduled_at(producer):
@@ -397,6 +552,34 @@ def test_async_producer_makes_every_call(server, key, http):
             await producer.delete_queue("q")
             with pytest.raises(NotFound):
                 await producer.queue("q")
+
+    asyncio.run(run())
+
+
+def test_async_producer_pauses_resumes_sets_flow_controls_and_posts_with_priority(
+    server, key, http
+):
+    async def run():
+        async with AsyncProducer(server.url, key) as producer:
+            queue = await producer.put_queue(
+                "q", max_processing=5, rate_limit=RateLimit(100, 2), thread_limit=3
+            )
+            assert (queue.max_processing, queue.rate_limit, queue.thread_limit) == (
+                5,
+                RateLimit(100, 2),
+                3,
+            )
+            assert (await producer.pause("q")).paused is True
+            low = await producer.post("q", "low")
+            high = await producer.post("q", "high", priority=7)
+            assert (low.priority, high.priority) == (0, 7)
+            [batched] = await producer.post_many("q", [NewItem("b", priority=2)])
+            assert batched.priority == 2
+            assert await asyncio.to_thread(claim_now, http) == []
+            assert (await producer.queue("q")).held["paused"] == 3
+            assert (await producer.resume("q")).paused is False
+            claimed = await asyncio.to_thread(claim_now, http, "q", 3)
+            assert claimed == [high.id, batched.id, low.id]
 
     asyncio.run(run())
 

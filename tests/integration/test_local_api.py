@@ -300,6 +300,11 @@ REST_CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         {"scheduled_at": datetime.now(UTC) + timedelta(days=2)},
         {"scheduledAt": (datetime.now(UTC) + timedelta(days=2)).isoformat().replace("+00:00", "Z")},
     ),
+    ("priority over 9", {"priority": 10}, {"priority": 10}),
+    ("negative priority", {"priority": -1}, {"priority": -1}),
+    ("priority not an integer", {"priority": 1.5}, {"priority": 1.5}),
+    ("priority a string", {"priority": "high"}, {"priority": "high"}),
+    ("priority a boolean", {"priority": True}, {"priority": True}),
     ("unknown queue", {"queue": "nope"}, {"queue": "nope"}),
     ("queue name not allowed", {"queue": "bad*name"}, {"queue": "bad*name"}),
 ]
@@ -361,6 +366,11 @@ BATCH_CASES: list[tuple[str, list[Any], list[Any]]] = [
         "a member beyond the timeout",
         [1, local.NewItem(2, delay=timedelta(days=2))],
         [{"payload": 1}, {"payload": 2, "delaySeconds": 2 * 86400}],
+    ),
+    (
+        "a member with priority over 9",
+        [1, local.NewItem(2, priority=10)],
+        [{"payload": 1}, {"payload": 2, "priority": 10}],
     ),
 ]
 
@@ -490,6 +500,49 @@ def test_post_many_posts_all_in_order_now_or_at_the_commit(q, state_root):
         assert not any(p.posted for p in later)
     assert [local.get(p.id)["payload"] for p in later] == ["a", "b"]
     assert len(files(state_root)) == 4
+
+
+# -- priority --------------------------------------------------------------------------------
+
+
+@TX
+def test_priority_passes_through_a_post_a_batch_and_a_deferred_post(q):
+    plain = local.post("q", "plain")
+    urgent = local.post("q", "urgent", priority=7)
+    optioned = local.post("q", "optioned", options=local.ItemOptions(priority=2))
+    batch = local.post_many("q", ["bare", local.NewItem("high", priority=9)])
+    with transaction.atomic():
+        deferred = local.post("q", "deferred", priority=5)
+    assert [p.item["priority"] for p in (plain, urgent, optioned, *batch, deferred)] == [
+        0,
+        7,
+        2,
+        0,
+        9,
+        5,
+    ]
+    assert local.get(urgent.id)["priority"] == 7
+    assert Item.objects.get(id=urgent.id).priority == 7
+
+
+@TX
+def test_a_higher_priority_is_claimed_first_then_arrival_order(q):
+    low = local.post("q", "low")
+    high = local.post("q", "high", priority=7)
+    middle, higher = local.post_many(
+        "q", [local.NewItem("middle", priority=3), local.NewItem("higher", priority=7)]
+    )
+    claimed = engine.claim(queue_name="q", max_items=4)
+    assert [c.row.id for c in claimed] == [high.id, higher.id, middle.id, low.id]
+
+
+@TX
+def test_a_post_with_priority_answers_what_a_rest_post_answers(api, q):
+    posting = local.post("q", {"n": 1}, priority=4)
+    assert local.get(posting.id) == api.get(f"/api/items/{posting.id}").json()
+    rest = api.post("/api/queues/q/items", {"payload": {"n": 2}, "priority": 4}, format="json")
+    assert set(rest.json()) == set(posting.item)
+    assert rest.json()["priority"] == posting.item["priority"] == 4
 
 
 # -- reading ---------------------------------------------------------------------------------
