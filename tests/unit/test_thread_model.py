@@ -16,6 +16,11 @@ small reference model written from the seed's words:
   or drop keeps ``scheduledAt``; an item re-queued after its ``maxAttempts``-th claim dies;
 - a thread exists while it has a non-terminal member.
 
+Flow control (SPEC section 8.1) too: posts of priority 0 or 2, ``threadLimit`` 1 or 2 (and
+changed while items wait), pause and resume: a thread's eligible members are its first
+``threadLimit - processing`` pending ones; claims hand out higher priorities first, a thread's
+second member after the other threads' heads of its priority, and nothing while paused.
+
 After every step the engine's claimable list (order included), every item's status, attempts,
 ``scheduledAt``, error and state directory, I3, and each thread row are compared with the model.
 """
@@ -66,6 +71,7 @@ class MItem:
     thread: str | None
     scheduled: datetime
     arrival: int
+    priority: int = 0
     status: str = "pending"
     attempts: int = 0
     error: str | None = None
@@ -86,6 +92,8 @@ class Model:
 
     def __init__(self, max_attempts: int) -> None:
         self.max_attempts = max_attempts
+        self.thread_limit = 1
+        self.paused = False
         self.items: dict[str, MItem] = {}
         self._arrivals = itertools.count()
 
@@ -99,29 +107,51 @@ class Model:
     def threads(self) -> set[str]:
         return {i.thread for i in self.items.values() if i.thread is not None and not i.terminal}
 
-    def processing(self, thread: str) -> MItem | None:
-        busy = [i for i in self.members(thread) if i.status == "processing"]
-        assert len(busy) <= 1, "the model itself broke I3"
-        return busy[0] if busy else None
+    def processing(self, thread: str) -> list[MItem]:
+        return [i for i in self.members(thread) if i.status == "processing"]
 
     def head(self, thread: str) -> MItem | None:
         waiting = [i for i in self.members(thread) if i.status == "pending"]
         return min(waiting, key=lambda i: i.order) if waiting else None
 
+    def heads(self, thread: str) -> list[MItem]:
+        """Its first ``threadLimit - processing`` pending members in line (the head alone,
+        while none is processing, when the limit is 1)."""
+        waiting = sorted(
+            (i for i in self.members(thread) if i.status == "pending"), key=lambda i: i.order
+        )
+        return waiting[: max(0, self.thread_limit - len(self.processing(thread)))]
+
     def eligible(self) -> list[MItem]:
-        """Pending and unthreaded, or the head of a thread with no member processing."""
+        """Pending and unthreaded, or one of its thread's heads; higher priority first."""
         out = [
             i
             for i in self.items.values()
-            if i.status == "pending"
-            and (
-                i.thread is None or (self.processing(i.thread) is None and self.head(i.thread) is i)
-            )
+            if i.status == "pending" and (i.thread is None or i in self.heads(i.thread))
         ]
-        return sorted(out, key=lambda i: i.order)
+        return sorted(out, key=lambda i: (-i.priority, i.order))
 
     def claimable(self, at: datetime) -> list[MItem]:
         return [i for i in self.eligible() if i.scheduled <= at]
+
+    def to_claim(self, at: datetime, n: int) -> list[MItem]:
+        """What a claim of ``n`` hands out: nothing while paused; within a priority, each
+        thread's first before any thread's second."""
+        if self.paused:
+            return []
+        out: list[MItem] = []
+        claimable = self.claimable(at)
+        for priority in sorted({i.priority for i in claimable}, reverse=True):
+            level = [i for i in claimable if i.priority == priority]
+            gave = {i.thread for i in out if i.thread is not None}
+            firsts = []
+            for item in level:
+                if item.thread is None or item.thread not in gave:
+                    firsts.append(item)
+                    if item.thread is not None:
+                        gave.add(item.thread)
+            out += firsts + [i for i in level if i not in firsts]
+        return out[:n]
 
     # transitions
 
@@ -166,7 +196,9 @@ class Model:
 # -- the machine ---------------------------------------------------------------------------
 
 INDEX = st.integers(min_value=0, max_value=1000)
-SPEC = st.tuples(st.sampled_from((None, *THREADS)), st.sampled_from(WHENS))
+SPEC = st.tuples(
+    st.sampled_from((None, *THREADS)), st.sampled_from(WHENS), st.sampled_from((0, 0, 2))
+)
 
 
 def pick(candidates: list[MItem], index: int) -> MItem:
@@ -214,23 +246,42 @@ class ThreadMachine(RuleBasedStateMachine):
 
     # rules --------------------------------------------------------------------------------
 
-    @initialize(max_attempts=st.sampled_from(MAX_ATTEMPTS))
-    def set_max_attempts(self, max_attempts: int) -> None:
-        engine.upsert_queue(name=self.queue, body={"maxAttempts": max_attempts})
+    @initialize(max_attempts=st.sampled_from(MAX_ATTEMPTS), limit=st.sampled_from((1, 2)))
+    def set_max_attempts(self, max_attempts: int, limit: int) -> None:
+        engine.upsert_queue(
+            name=self.queue, body={"maxAttempts": max_attempts, "threadLimit": limit}
+        )
         self.model.max_attempts = max_attempts
+        self.model.thread_limit = limit
+
+    # section 8.1: the operator changes threadLimit (every thread recounted) or pauses
+    @rule(limit=st.sampled_from((1, 2)))
+    def change_thread_limit(self, limit: int) -> None:
+        engine.upsert_queue(name=self.queue, body={"threadLimit": limit})
+        self.model.thread_limit = limit
+
+    @rule(paused=st.booleans())
+    def pause(self, paused: bool) -> None:
+        engine.upsert_queue(name=self.queue, body={"paused": paused})
+        self.model.paused = paused
 
     @rule(specs=st.lists(SPEC, min_size=1, max_size=3))
-    def post(self, specs: list[tuple[str | None, str]]) -> None:
+    def post(self, specs: list[tuple[str | None, str, int]]) -> None:
         before = utcnow()
         posted = engine.post_items(
             queue_name=self.queue,
             items=[
-                NewItem(payload=n, thread_id=thread, scheduled_at=self.whens.get(when))
-                for n, (thread, when) in enumerate(specs)
+                NewItem(
+                    payload=n,
+                    thread_id=thread,
+                    scheduled_at=self.whens.get(when),
+                    priority=priority,
+                )
+                for n, (thread, when, priority) in enumerate(specs)
             ],
         )
         after = utcnow()
-        for (thread, when), answer in zip(specs, posted, strict=True):
+        for (thread, when, priority), answer in zip(specs, posted, strict=True):
             row = answer.row
             if when == "now":
                 assert before <= row.scheduled_at <= after
@@ -238,12 +289,16 @@ class ThreadMachine(RuleBasedStateMachine):
             else:
                 scheduled = self.whens[when]
             self.model.items[row.id] = MItem(
-                id=row.id, thread=thread, scheduled=scheduled, arrival=self.model.arrive()
+                id=row.id,
+                thread=thread,
+                scheduled=scheduled,
+                arrival=self.model.arrive(),
+                priority=priority,
             )
 
     @rule(max_items=st.integers(min_value=1, max_value=3))
     def claim(self, max_items: int) -> None:
-        expected = [i.id for i in self.model.claimable(utcnow())[:max_items]]
+        expected = [i.id for i in self.model.to_claim(utcnow(), max_items)]
         got = engine.claim(queue_name=self.queue, max_items=max_items)
         assert [c.row.id for c in got] == expected, "claim did not hand out the model's first"
         if any(self.model.items[i].attempts and self.model.items[i].thread for i in expected):
@@ -387,20 +442,22 @@ class ThreadMachine(RuleBasedStateMachine):
 
         # (1) what may be claimed, and in which order (the claim's own query, due or not)
         eligible = sorted(
-            (r for r in rows.values() if r.eligible), key=lambda r: (r.scheduled_at, r.seq)
+            (r for r in rows.values() if r.eligible),
+            key=lambda r: (-r.priority, r.scheduled_at, r.seq),
         )
         assert [r.id for r in eligible] == [i.id for i in model.eligible()], self.dump()
         claimable = list(
             Item.objects.filter(queue_id=self.queue_id, eligible=True, scheduled_at__lte=at)
-            .order_by("scheduled_at", "seq")
+            .order_by("-priority", "scheduled_at", "seq")
             .values_list("id", flat=True)
         )
         assert claimable == [i.id for i in model.claimable(at)], self.dump()
 
-        # (3) I3: at most one processing member per thread
+        # (3) I3: at most threadLimit processing members per thread (a limit lowered while
+        # two were processing lets them finish; nothing more is handed out)
         for thread in THREADS:
             busy = [r for r in rows.values() if r.thread_id == thread and r.status == "processing"]
-            assert len(busy) <= 1, busy
+            assert len(busy) <= 2, busy
 
         # (4) a thread row exists exactly while the thread has a live member, and is right:
         # its count of live members, its processing member, and its head (the eligible one,
@@ -408,12 +465,14 @@ class ThreadMachine(RuleBasedStateMachine):
         threads = {t.thread_id: t for t in Thread.objects.filter(queue_id=self.queue_id)}
         assert set(threads) == model.threads(), self.dump()
         for thread_id, thread_row in threads.items():
-            processing = model.processing(thread_id)
-            head = model.head(thread_id)
+            processing = [i.id for i in model.processing(thread_id)]
             assert thread_row.member_count == len(model.members(thread_id)), thread_id
-            assert thread_row.processing_item == (processing.id if processing else None), thread_id
-            assert thread_row.processing == (1 if processing else 0), thread_id
-            assert thread_row.heads == ([head.id] if head and not processing else []), thread_id
+            if processing:
+                assert thread_row.processing_item in processing, thread_id
+            else:
+                assert thread_row.processing_item is None, thread_id
+            assert thread_row.processing == min(len(processing), model.thread_limit), thread_id
+            assert thread_row.heads == [i.id for i in model.heads(thread_id)], thread_id
 
     def dump(self) -> str:
         rows = Item.objects.filter(queue_id=self.queue_id).order_by("scheduled_at", "seq")
