@@ -17,6 +17,7 @@ target: at most 1.2)::
 
     .venv/bin/python bench/flat.py                       # 1,000 and 1,000,000, SQLite
     .venv/bin/python bench/flat.py --big 100000 --rounds 3 --seconds 3
+    .venv/bin/python bench/flat.py --priorities 10 --only post,claim   # ten levels in use
 """
 
 # ruff: noqa: E402
@@ -90,12 +91,22 @@ def create_key(env: Environment) -> str:
     return done.stdout.strip()
 
 
+PRIORITIES = [1]  # ``--priorities``: the waiting items' priorities cycle through this many levels
+
+
 def fill(client: httpx.Client, count: int, start: int = 0) -> list[str]:
     ids: list[str] = []
+    levels = PRIORITIES[0]
     for offset in range(0, count, FILL_BATCH):
         n = min(FILL_BATCH, count - offset)
         body = {
-            "items": [{"payload": {"n": start + offset + i, "pad": "x" * 60}} for i in range(n)]
+            "items": [
+                {
+                    "payload": {"n": k, "pad": "x" * 60},
+                    **({"priority": k % levels} if levels > 1 else {}),
+                }
+                for k in range(start + offset, start + offset + n)
+            ]
         }
         answer = client.post(f"/api/queues/{QUEUE}/items", json=body)
         if answer.status_code != 201:
@@ -153,7 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database-url", default="")
     parser.add_argument("--tmpdir", default=None)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument(
+        "--priorities",
+        type=int,
+        default=1,
+        help="the waiting items' priorities cycle through this many levels (1-10; 1: all 0)",
+    )
     args = parser.parse_args(argv)
+    PRIORITIES[0] = max(1, min(10, args.priorities))
     only = [w for w in args.only.split(",") if w]
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
@@ -186,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
                     side.p50.setdefault(what, []).append(p50)
                     say(f"round {round_ + 1} {side.label:5} {what:8} p50 {p50:7.2f} ms")
         print(
-            f"\nFlat from {args.small:,} to {args.big:,} waiting: "
+            f"\nFlat from {args.small:,} to {args.big:,} waiting"
+            f" ({PRIORITIES[0]} priority level{'s' if PRIORITIES[0] > 1 else ''}): "
             f"{sides[0].env.label}, fsync on, {args.rounds} alternating rounds of "
             f"{args.seconds:g} s, load average {load_average()}"
         )

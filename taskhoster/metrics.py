@@ -11,7 +11,8 @@ is left out, so whichever process answers ``/metrics`` shows the same live pictu
 
 The engine counts into this module, so it stands below the engine and imports none of it: what
 it shows of the state root (free space, files still to unlink) it reads from the root the
-settings name.
+settings name, and the items held back by flow control (SPEC section 8.1) come from the
+caller, who passes the engine's ``held_by_queue`` as ``render(held=...)``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from django.db import transaction
 from django.db.models import Sum
@@ -55,6 +57,16 @@ COUNTER_HELP = {
     "requeues": "Items put back to pending (lease lapse, disconnect, retryable failure).",
     "timeouts": "Items failed by the queue timeout.",
 }
+
+
+class HeldCounts(Protocol):
+    """A queue's items held back by flow control (the engine's ``Held``)."""
+
+    def wire(self) -> dict[str, int]: ...
+
+
+# The queues named -> each one's held counts (the engine's ``held_by_queue``).
+HeldSource = Callable[[Sequence[str]], Mapping[str, HeldCounts]]
 
 
 def count(queue: str, name: str, amount: float = 1) -> None:
@@ -147,18 +159,21 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render(may_see: Callable[[str], bool] | None = None) -> str:
+def render(may_see: Callable[[str], bool] | None = None, held: HeldSource | None = None) -> str:
     """The Prometheus text of every live queue (those ``may_see`` allows, for a key limited
-    to some queues); a deleted queue's counters are left out."""
+    to some queues); a deleted queue's counters are left out. ``held`` (the engine's
+    ``held_by_queue``) gives the items each queue's flow control holds back; without it
+    those gauges are left out, never shown as zeros."""
     from .models import Counter, Queue, QueueCount
     from .status import Status
 
     maybe_flush(force=True)
-    live = [
-        name
-        for name in Queue.objects.filter(deleting=False).values_list("name", flat=True)
+    paused = {
+        name: is_paused
+        for name, is_paused in Queue.objects.filter(deleting=False).values_list("name", "paused")
         if may_see is None or may_see(name)
-    ]
+    }
+    live = list(paused)
     shown = set(live)
     lines: list[str] = []
     lines.append("# HELP taskhoster_items Items per queue and status.")
@@ -174,6 +189,7 @@ def render(may_see: Callable[[str], bool] | None = None) -> str:
         for status in Status:
             n = counts.get((queue, status.value), 0)
             lines.append(f'taskhoster_items{{queue="{_escape(queue)}",status="{status}"}} {n}')
+    lines.extend(_render_flow(paused, held))
     totals = {
         (row["queue"], row["name"]): row["total"]
         for row in Counter.objects.exclude(name__startswith=GAUGE_PREFIX)
@@ -217,6 +233,37 @@ def render(may_see: Callable[[str], bool] | None = None) -> str:
     lines.extend(_render_reclaim(root))
     lines.extend(_render_state_root(root))
     return "\n".join(lines) + "\n"
+
+
+def _render_flow(paused: dict[str, bool], held: HeldSource | None) -> list[str]:
+    """Flow control (SPEC section 8.1) per queue shown: paused or not, and (given ``held``)
+    the due pending items that wait only because of a control, by control."""
+    lines = [
+        "# HELP taskhoster_queue_paused 1 while the queue is paused (nothing of it is handed "
+        "out), else 0.",
+        "# TYPE taskhoster_queue_paused gauge",
+    ]
+    for queue, is_paused in paused.items():
+        lines.append(f'taskhoster_queue_paused{{queue="{_escape(queue)}"}} {int(is_paused)}')
+    if held is None:
+        return lines
+    found = held(list(paused))
+    lines.append(
+        "# HELP taskhoster_queue_held_items Due pending items that wait only because of a "
+        "control: paused, maxProcessing (at its cap), rateLimit (window full) or thread "
+        "(threadLimit, or behind their thread's heads); exact up to the engine's cap."
+    )
+    lines.append("# TYPE taskhoster_queue_held_items gauge")
+    for queue in paused:
+        counts = found.get(queue)
+        if counts is None:
+            continue  # deleted since it was listed
+        q = _escape(queue)
+        for control, n in counts.wire().items():
+            lines.append(
+                f'taskhoster_queue_held_items{{queue="{q}",control="{_escape(control)}"}} {n}'
+            )
+    return lines
 
 
 def _render_reclaim(root: StateStore) -> list[str]:

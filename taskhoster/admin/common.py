@@ -1,6 +1,6 @@
 """Helpers shared by the admin pages: a paginator that never counts a huge table, each queue's
-figures of the last minutes (the queue list and the overview show them), links, and times to
-the second."""
+figures of the last minutes and its flow control at a glance (the queue list and the overview
+show them), links, and times to the second."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from django.core.paginator import Paginator
 from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from ..models import Item, Queue
@@ -104,6 +104,52 @@ def with_stats(queryset: QuerySet[Queue]) -> QuerySet[Queue]:
         recent_finished=_recent(Status.FINISHED, since),
         recent_failed=_recent(Status.FAILED, since),
         oldest_pending=_oldest_pending(),
+    )
+
+
+# The "paused" badge: the admin's own warning colours, so it reads in light and dark themes.
+PAUSED_BADGE = (
+    '<span class="th-paused" style="display:inline-block;padding:0 6px;border-radius:8px;'
+    "background:var(--message-warning-bg);color:var(--body-fg);font-weight:bold;"
+    'text-transform:uppercase;font-size:0.6875rem;white-space:nowrap">paused</span>'
+)
+
+
+def number(value: float) -> str:
+    """``2`` for 2.0, ``0.5`` for 0.5: a setting as the API shows it."""
+    return f"{value:g}"
+
+
+def flow_limits(queue: Queue) -> list[tuple[str, str]]:
+    """The flow-control limits set on ``queue`` (SPEC section 8.1), by their wire names:
+    ``maxProcessing``, ``rateLimit`` and ``threadLimit`` when not at their defaults."""
+    limits: list[tuple[str, str]] = []
+    if queue.max_processing is not None:
+        limits.append(("maxProcessing", str(queue.max_processing)))
+    rate = queue.rate_limit
+    if isinstance(rate, dict) and {"count", "seconds"} <= set(rate):
+        limits.append(("rateLimit", f"{rate['count']} per {number(rate['seconds'])} s"))
+    if queue.thread_limit != 1:
+        limits.append(("threadLimit", str(queue.thread_limit)))
+    return limits
+
+
+def flow_summary(queue: Queue) -> SafeString | str:
+    """``queue``'s flow control at a glance: a "paused" badge when it is paused, then the
+    limits set; "-" when nothing holds it back."""
+    parts = [SafeString(PAUSED_BADGE)] if queue.paused else []
+    parts += [
+        format_html(
+            '<span class="th-limit" style="display:block;white-space:nowrap">{} {}</span>',
+            wire,
+            value,
+        )
+        for wire, value in flow_limits(queue)
+    ]
+    if not parts:
+        return "-"
+    return format_html(
+        '<span class="th-flow">{}</span>', format_html_join("", "{}", ((p,) for p in parts))
     )
 
 

@@ -42,6 +42,27 @@ class AttemptsFilter(admin.SimpleListFilter):
         return queryset
 
 
+class PriorityFilter(admin.SimpleListFilter):
+    """Priority (SPEC section 8.1, 0-9): one level, or any above the default. The choices are
+    fixed, never read from the table (Django's filter for a field would ask for the distinct
+    values of a million rows). Like the attempts filter it has no index of its own: the list
+    reads rows in its order until a page matches (and the capped count stops at its cap)."""
+
+    title = "priority"
+    parameter_name = "priority"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("1+", "above 0"), *((str(n), str(n)) for n in range(9, -1, -1))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Item]) -> QuerySet[Item]:
+        value = self.value()
+        if value == "1+":
+            return queryset.filter(priority__gte=1)
+        if value in {str(n) for n in range(10)}:
+            return queryset.filter(priority=int(value))
+        return queryset
+
+
 AGES = {"5m": timedelta(minutes=5), "1h": timedelta(hours=1), "1d": timedelta(days=1)}
 
 
@@ -96,7 +117,16 @@ def status_counts(queryset: QuerySet[Item]) -> dict[str, int]:
 
 
 # The index columns a list reads (no join, no error/origin text).
-LIST_COLUMNS = ("id", "status", "thread_id", "attempts", "scheduled_at", "posted_at", "finished_at")
+LIST_COLUMNS = (
+    "id",
+    "status",
+    "priority",
+    "thread_id",
+    "attempts",
+    "scheduled_at",
+    "posted_at",
+    "finished_at",
+)
 
 
 @admin.register(Item)
@@ -105,13 +135,14 @@ class ItemAdmin(admin.ModelAdmin):
         "id",
         "queue_name",
         "status",
+        "priority",
         "thread",
         "attempts",
         "scheduled",
         "posted",
         "finished",
     )
-    list_filter = ("queue", "status", ThreadFilter, AttemptsFilter, AgeFilter)
+    list_filter = ("queue", "status", PriorityFilter, ThreadFilter, AttemptsFilter, AgeFilter)
     sortable_by = ("scheduled", "posted")
     ordering = ("-id",)
     search_fields = ("=id", "=key", "=thread_id")
@@ -132,6 +163,7 @@ class ItemAdmin(admin.ModelAdmin):
         "id",
         "queue",
         "status",
+        "priority",
         "thread_id",
         "key",
         "scheduled",

@@ -1,4 +1,5 @@
-"""The overview page: every queue in one table, and an inline SVG chart of posts and finishes
+"""The overview page: every queue in one table (with its flow control at a glance: a "paused"
+badge, the limits set), and an inline SVG chart of posts and finishes
 per minute over the last hour (drawn on the server; the page loads nothing from outside).
 
 Posts per minute count the index rows whose id (microseconds at post, in hex) falls in each
@@ -22,7 +23,7 @@ from django.utils.safestring import SafeString
 from ..models import Item, Queue
 from ..status import TERMINAL_STATUSES
 from ..timeutil import now as utcnow
-from .common import status_in, with_stats
+from .common import flow_summary, status_in, with_stats
 
 MINUTES = 60
 WIDTH, HEIGHT, PAD = 720, 160, 30
@@ -105,6 +106,7 @@ def overview_view(request: HttpRequest) -> HttpResponse:
         **admin.site.each_context(request),
         "title": "Overview",
         "queues": queues,
+        "rows": [(queue, flow_summary(queue)) for queue in queues],
         "chart": chart_svg(posts, finishes),
         "posts_total": sum(posts),
         "finishes_total": sum(finishes),

@@ -20,7 +20,7 @@ MEMBERS_SHOWN = 500
 
 @admin.register(Thread)
 class ThreadAdmin(admin.ModelAdmin):
-    list_display = ("thread_id", "queue", "head", "member_count", "processing")
+    list_display = ("thread_id", "queue", "head", "member_count", "processing_members")
     list_filter = ("queue",)
     search_fields = ("=thread_id",)
     search_help_text = "An exact threadId."
@@ -35,7 +35,7 @@ class ThreadAdmin(admin.ModelAdmin):
 
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
-    fields = ("queue", "thread_id", "member_count", "head", "processing", "members")
+    fields = ("queue", "thread_id", "member_count", "head", "processing_members", "members")
     readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -54,9 +54,17 @@ class ThreadAdmin(admin.ModelAdmin):
     def head(self, obj: Thread) -> SafeString | str:
         return item_link(engine.thread_head(obj))
 
+    # Not named "processing": that is the model's count of processing members, which Django
+    # would show in place of a ModelAdmin method of the same name.
     @admin.display(description="processing")
-    def processing(self, obj: Thread) -> SafeString | str:
-        return item_link(obj.processing_item)
+    def processing_members(self, obj: Thread) -> SafeString | str:
+        """A member processing (linked), and how many more are (``threadLimit`` above 1)."""
+        if obj.processing_item is None:
+            return "-"
+        link = item_link(obj.processing_item)
+        if obj.processing <= 1:
+            return link
+        return format_html("{} and {} more", link, obj.processing - 1)
 
     @admin.display(description="members in head order")
     def members(self, obj: Thread) -> SafeString:

@@ -502,4 +502,7 @@ class MetricsView(ApiView):
         may_see = None
         if not get_conf().metrics_public:
             may_see = require(request).may_use
-        return HttpResponse(metrics.render(may_see), content_type="text/plain; version=0.0.4")
+        return HttpResponse(
+            metrics.render(may_see, held=engine.held_by_queue),
+            content_type="text/plain; version=0.0.4",
+        )

@@ -28,6 +28,7 @@ COLUMNS = [
     "id",
     "queue",
     "status",
+    "priority",
     "thread id",
     "attempts",
     "scheduled at",

@@ -213,6 +213,7 @@ def test_queue_create_and_edit_go_through_the_engine(
         "backoff_seconds": "1",
         "backoff_max_seconds": "10",
         "dead_letter_queue": "",
+        "thread_limit": "1",
         "csrfmiddlewaretoken": token,
     }
     response = staff.post(add, {**fields, "name": "emails"})
@@ -292,6 +293,221 @@ def test_key_created_shown_once_stored_hashed_and_revoked(staff: Client) -> None
         {"action": "revoke_keys", "_selected_action": [key.pk], "csrfmiddlewaretoken": token},
     )
     assert authenticate(secret.group(0)) is None
+
+
+# -- flow control (SPEC section 8.1): pause, resume, limits, priority -----------------------
+
+QUEUES = "/admin/taskhoster/queue/"
+
+
+def queue_fields(token: str, **changes: str) -> dict[str, str]:
+    """A queue's change form as a browser submits it: every setting at its default."""
+    return {
+        "lease_seconds": "60",
+        "queue_seconds": "86400",
+        "retain_seconds": "3600",
+        "retain_from": "finished",
+        "max_attempts": "",
+        "backoff_seconds": "1",
+        "backoff_max_seconds": "300",
+        "dead_letter_queue": "",
+        "max_processing": "",
+        "rate_count": "",
+        "rate_seconds": "",
+        "thread_limit": "1",
+        "csrfmiddlewaretoken": token,
+        **changes,
+    }
+
+
+def test_pausing_a_queue_by_the_admin_action_stops_its_claims_and_resuming_hands_them_out(
+    staff: Client, make_queue: Any
+) -> None:
+    queue = make_queue("q")
+    other = make_queue("other")
+    item = post(payload=1)
+    post("other", payload=2)
+    token = csrf(staff, QUEUES)
+    response = staff.post(
+        QUEUES,
+        {"action": "pause_queues", "_selected_action": [queue.pk], "csrfmiddlewaretoken": token},
+        follow=True,
+    )
+    assert response.status_code == 200
+    assert "Paused 1 queue(s)" in response.content.decode()
+    assert Queue.objects.get(pk=queue.pk).paused
+    assert not Queue.objects.get(pk=other.pk).paused, "only the queue selected"
+    assert engine.claim(queue_name="q", max_items=5) == [], "a paused queue hands out nothing"
+    assert Item.objects.get(id=item.id).status == "pending"
+    assert len(engine.claim(queue_name="other", max_items=5)) == 1
+    staff.post(
+        QUEUES,
+        {"action": "resume_queues", "_selected_action": [queue.pk], "csrfmiddlewaretoken": token},
+    )
+    assert not Queue.objects.get(pk=queue.pk).paused
+    assert [c.row.id for c in engine.claim(queue_name="q", max_items=5)] == [item.id]
+
+
+def test_a_queues_page_pauses_and_resumes_it_by_post_with_csrf_and_shows_what_is_held(
+    staff: Client, make_queue: Any, state_root: Any
+) -> None:
+    queue = make_queue("q")
+    post(payload=1)
+    post(payload=2)
+    change = reverse("admin:taskhoster_queue_change", args=[queue.pk])
+    pause = reverse("admin:taskhoster_queue_pause", args=[queue.pk])
+    resume = reverse("admin:taskhoster_queue_resume", args=[queue.pk])
+    page = staff.get(change).content.decode()
+    assert f'action="{pause}"' in page
+    assert 'id="th-pause"' in page
+    assert 'id="th-paused-note"' not in page
+    assert staff.post(pause).status_code == 403, "no CSRF token, no change"
+    assert not Queue.objects.get(pk=queue.pk).paused
+    token = csrf(staff, change)
+    assert staff.get(pause).status_code == 405, "only a POST changes anything"
+    answer = staff.post(pause, {"csrfmiddlewaretoken": token})
+    assert answer.status_code == 302
+    assert answer["Location"] == change
+    assert Queue.objects.get(pk=queue.pk).paused
+    assert '"paused": true' in (state_root / "q" / "queue.json").read_text()
+    page = staff.get(change).content.decode()
+    assert 'id="th-resume"' in page
+    assert 'id="th-paused-note"' in page
+    assert 'id="th-held"' in page
+    assert 'class="th-held-paused">2<' in page, "both due items wait for the pause"
+    assert engine.claim(queue_name="q", max_items=5) == []
+    assert staff.post(resume, {"csrfmiddlewaretoken": token}).status_code == 302
+    assert not Queue.objects.get(pk=queue.pk).paused
+    assert len(engine.claim(queue_name="q", max_items=5)) == 2
+    missing = reverse("admin:taskhoster_queue_pause", args=[queue.pk + 1000])
+    assert staff.post(missing, {"csrfmiddlewaretoken": token}).status_code == 404
+
+
+def test_a_view_only_staff_user_cannot_pause_a_queue(make_queue: Any) -> None:
+    queue = make_queue("q")
+    viewer = staff_with("view_queue")
+    page = viewer.get(QUEUES).content.decode()
+    assert "pause_queues" not in page, "the action is not offered"
+    change = reverse("admin:taskhoster_queue_change", args=[queue.pk])
+    assert 'id="th-pause"' not in viewer.get(change).content.decode()
+    token = csrf(viewer, QUEUES)
+    viewer.post(
+        QUEUES,
+        {"action": "pause_queues", "_selected_action": [queue.pk], "csrfmiddlewaretoken": token},
+    )
+    pause = reverse("admin:taskhoster_queue_pause", args=[queue.pk])
+    assert viewer.post(pause, {"csrfmiddlewaretoken": token}).status_code == 403
+    assert not Queue.objects.get(pk=queue.pk).paused, "nothing changed"
+    allowed = staff_with("view_queue", "change_queue")
+    assert "pause_queues" in allowed.get(QUEUES).content.decode()
+    assert allowed.post(pause, {"csrfmiddlewaretoken": csrf(allowed, QUEUES)}).status_code == 302
+    assert Queue.objects.get(pk=queue.pk).paused
+
+
+def test_the_queue_form_saves_the_flow_limits_and_refuses_a_bad_rate_limit_with_a_message(
+    staff: Client, make_queue: Any, state_root: Any
+) -> None:
+    queue = make_queue("q")
+    change = reverse("admin:taskhoster_queue_change", args=[queue.pk])
+    token = csrf(staff, change)
+    page = staff.get(change).content.decode()
+    for name in ("paused", "max_processing", "rate_count", "rate_seconds", "thread_limit"):
+        assert f'name="{name}"' in page, name
+    limits = {
+        "max_processing": "5",
+        "rate_count": "10",
+        "rate_seconds": "60",
+        "thread_limit": "3",
+    }
+    answer = staff.post(change, queue_fields(token, **limits))
+    assert answer.status_code == 302, answer.content.decode()[:3000]
+    saved = Queue.objects.get(pk=queue.pk)
+    assert (saved.max_processing, saved.thread_limit, saved.paused) == (5, 3, False)
+    assert saved.rate_limit == {"count": 10, "seconds": 60}
+    stored = (state_root / "q" / "queue.json").read_text()
+    assert '"rate_limit": {"count": 10, "seconds": 60}' in stored
+    page = staff.get(change).content.decode()
+    assert 'name="rate_count" value="10"' in page, "the form shows the rate limit it holds"
+    refused = {
+        "rate_count": ("0", "rateLimit.count must be an integer from 1 to 1000000"),
+        "rate_seconds": ("0", "rateLimit.seconds must be a number greater than 0"),
+        "max_processing": ("0", "maxProcessing must be at least 1"),
+        "thread_limit": ("0", "threadLimit must be at least 1"),
+    }
+    for field, (value, message) in refused.items():
+        bad = staff.post(change, queue_fields(token, **{**limits, field: value}))
+        assert bad.status_code == 200, field
+        assert message in bad.content.decode(), field
+    half = staff.post(change, queue_fields(token, **{**limits, "rate_seconds": ""}))
+    assert "rateLimit needs both a count and seconds" in half.content.decode()
+    assert Queue.objects.get(pk=queue.pk).rate_limit == {"count": 10, "seconds": 60}
+    # Empty fields: no limits (null), and the queue is as before.
+    assert staff.post(change, queue_fields(token)).status_code == 302
+    cleared = Queue.objects.get(pk=queue.pk)
+    assert (cleared.max_processing, cleared.rate_limit, cleared.thread_limit) == (None, None, 1)
+    # The paused box of the form pauses it too.
+    assert staff.post(change, queue_fields(token, paused="on")).status_code == 302
+    assert Queue.objects.get(pk=queue.pk).paused
+
+
+def test_the_overview_and_the_queue_list_show_a_paused_queue_as_paused(
+    staff: Client, make_queue: Any
+) -> None:
+    make_queue(
+        "stopped",
+        paused=True,
+        maxProcessing=5,
+        rateLimit={"count": 10, "seconds": 60},
+        threadLimit=2,
+    )
+    make_queue("running")
+    for url in (reverse("admin:taskhoster_overview"), QUEUES):
+        body = staff.get(url).content.decode()
+        rows = {
+            name: row
+            for row in re.findall(r"<tr.*?</tr>", body, re.S)
+            for name in ("stopped", "running")
+            if f">{name}<" in row
+        }
+        assert 'class="th-paused"' in rows["stopped"], url
+        assert ">paused<" in rows["stopped"], url
+        for limit in ("maxProcessing 5", "rateLimit 10 per 60 s", "threadLimit 2"):
+            assert limit in rows["stopped"], (url, limit)
+        assert "th-paused" not in rows["running"], url
+        assert "maxProcessing" not in rows["running"], url
+
+
+def test_the_item_list_shows_and_filters_priority(staff: Client, make_queue: Any) -> None:
+    make_queue("q")
+    urgent = post(payload=1, priority=7)
+    plain = post(payload=2)
+    body = staff.get(ITEMS).content.decode()
+    assert "column-priority" in body
+    assert re.search(r'<td class="field-priority">7</td>', body)
+    for value in ("7", "1+"):
+        body = staff.get(ITEMS, {"priority": value}).content.decode()
+        assert urgent.id in body, value
+        assert plain.id not in body, value
+    body = staff.get(ITEMS, {"priority": "0"}).content.decode()
+    assert plain.id in body
+    assert urgent.id not in body
+    detail = staff.get(reverse("admin:taskhoster_item_change", args=[urgent.id])).content
+    assert b"field-priority" in detail
+
+
+def test_a_threads_page_shows_its_processing_members_under_a_thread_limit(
+    staff: Client, make_queue: Any
+) -> None:
+    make_queue("q", threadLimit=2)
+    first = post(payload=1, thread_id="t")
+    post(payload=2, thread_id="t")
+    post(payload=3, thread_id="t")
+    assert len(engine.claim(queue_name="q", max_items=5)) == 2, "two at once under threadLimit 2"
+    body = staff.get("/admin/taskhoster/thread/").content.decode()
+    cell = re.search(r'<td class="field-processing_members">(.*?)</td>', body)
+    assert cell is not None
+    assert first.id in cell.group(1)
+    assert "and 1 more" in cell.group(1)
 
 
 # -- Django's model permissions: a staff user may do what its permissions say, no more -------

@@ -36,6 +36,7 @@ ITEM_FIELDS = {
     "result",
     "error",
     "key",
+    "priority",
 }
 LISTED_FIELDS = ITEM_FIELDS - {"payload", "result"}
 TIME_FIELDS = ("scheduledAt", "postedAt", "leaseExpiresAt", "finishedAt")
@@ -49,6 +50,11 @@ QUEUE_DEFAULTS = {
     "backoffSeconds": 1,
     "backoffMaxSeconds": 300,
     "deadLetterQueue": None,
+    # Flow control (SPEC section 8.1).
+    "paused": False,
+    "maxProcessing": None,
+    "rateLimit": None,
+    "threadLimit": 1,
 }
 NO_COUNTS = {"pending": 0, "processing": 0, "finished": 0, "failed": 0}
 
@@ -190,7 +196,8 @@ def test_put_queue_creates_with_201_then_updates_with_200_keeping_unsent_setting
     }
     updated = ok(api.put("/api/queues/jobs", {"retainSeconds": 10}, format="json"), 200)
     assert updated == {**created, "retainSeconds": 10}
-    assert ok(api.get("/api/queues/jobs")) == updated
+    no_held = {"paused": 0, "maxProcessing": 0, "rateLimit": 0, "thread": 0}
+    assert ok(api.get("/api/queues/jobs")) == {**updated, "held": no_held}, "a GET adds held"
     again = ok(api.put("/api/queues/jobs", {}, format="json"), 200)
     assert again == updated
 
@@ -211,6 +218,10 @@ def test_put_queue_sets_every_setting(api, make_queue):
         "backoffSeconds": 0.5,
         "backoffMaxSeconds": 4,
         "deadLetterQueue": "dead",
+        "paused": True,
+        "maxProcessing": 3,
+        "rateLimit": {"count": 5, "seconds": 2},
+        "threadLimit": 2,
     }
     assert ok(api.put("/api/queues/all", body, format="json"), 201) == {
         "name": "all",
@@ -957,7 +968,7 @@ def test_schema_offers_one_item_or_a_batch_as_the_post_body(client):
     choices = components[ref.rsplit("/", 1)[-1]]["oneOf"]
     bodies = [components[c["$ref"].rsplit("/", 1)[-1]] for c in choices]
     assert sorted(sorted(b["properties"]) for b in bodies) == [
-        ["delaySeconds", "key", "payload", "scheduledAt", "threadId"],
+        ["delaySeconds", "key", "payload", "priority", "scheduledAt", "threadId"],
         ["items"],
     ]
 
@@ -1085,6 +1096,48 @@ def test_metrics_need_a_key_and_show_a_limited_key_only_its_live_queues(
     assert 'queue="gone"' not in everything, "a deleted queue's name is not shown"
     settings.TASKHOSTER = {**settings.TASKHOSTER, "METRICS_PUBLIC": True}
     assert client.get("/metrics").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_metrics_show_a_paused_queue_as_paused_to_the_keys_that_see_it(api, make_queue, make_key):
+    make_queue("stopped", paused=True)
+    make_queue("running")
+    post(api, "stopped", payload=1)
+    text = api.get("/metrics").content.decode()
+    assert "# TYPE taskhoster_queue_paused gauge" in text
+    assert 'taskhoster_queue_paused{queue="stopped"} 1' in text
+    assert 'taskhoster_queue_paused{queue="running"} 0' in text
+    limited = APIClient()
+    limited.credentials(HTTP_AUTHORIZATION=f"Token {make_key('produce', queues=['running'])}")
+    text = limited.get("/metrics").content.decode()
+    assert 'taskhoster_queue_paused{queue="running"} 0' in text
+    assert 'queue="stopped"' not in text
+    ok(api.put("/api/queues/stopped", {"paused": False}, format="json"))
+    text = api.get("/metrics").content.decode()
+    assert 'taskhoster_queue_paused{queue="stopped"} 0' in text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_metrics_count_a_paused_queues_due_item_as_held_by_the_pause(api, make_queue):
+    from taskhoster import metrics
+
+    make_queue("stopped", paused=True)
+    make_queue("running")
+    post(api, "stopped", payload=1)
+    post(api, "stopped", payload=2, delaySeconds=3600)  # not due: not held
+    post(api, "running", payload=3)
+    text = api.get("/metrics").content.decode()
+    assert "# TYPE taskhoster_queue_held_items gauge" in text
+    held = {
+        control: _metric(text, "taskhoster_queue_held_items", queue="stopped", control=control)
+        for control in ("paused", "maxProcessing", "rateLimit", "thread")
+    }
+    assert held == {"paused": 1, "maxProcessing": 0, "rateLimit": 0, "thread": 0}
+    assert 'taskhoster_queue_held_items{queue="running",control="paused"} 0' in text
+    assert 'taskhoster_queue_paused{queue="stopped"} 1' in text
+    hidden = metrics.render(lambda name: name == "running", held=engine.held_by_queue)
+    assert 'queue="stopped"' not in hidden
+    assert "taskhoster_queue_held_items" not in metrics.render(), "no source, no made-up zeros"
 
 
 def test_state_root_holds_one_directory_per_state(api, q, state_root: Path):
