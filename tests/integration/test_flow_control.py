@@ -140,15 +140,25 @@ def test_a_paused_queue_hands_nothing_out_and_resuming_wakes_a_socket_at_once(ht
     assert asyncio.run(run()) < 5, "woken by the resume, not by the minute's backstop"
 
 
-def test_a_paused_queue_still_takes_posts_verdicts_and_its_clocks(http):
+def test_a_paused_queue_still_takes_posts_verdicts_and_its_clocks(http, manage):
     make_queue(http, leaseSeconds=0.5)
     held_item = post(http, "held")
-    claimed = claim(http, n=1)
-    assert [i["id"] for i in claimed] == [held_item]
+    lapsing = post(http, "lapsing")
+    claimed = claim(http, n=2)
+    assert [i["id"] for i in claimed] == [held_item, lapsing]
     make_queue(http, paused=True)
     assert post(http, "still posted")
     finish(http, claimed[0])
     assert status_of(http, held_item)["status"] == "finished"
+    time.sleep(0.6)
+    manage("sweep")  # the lease clock runs while paused
+    lapsed = status_of(http, lapsing)
+    assert (lapsed["status"], lapsed["error"], lapsed["attempts"]) == (
+        "pending",
+        "lease expired",
+        1,
+    )
+    assert claim(http) == [], "and, lapsed, it is held by the pause like the rest"
 
 
 def test_a_long_poll_on_a_paused_queue_is_woken_by_the_resume(http, server, key):
