@@ -20,6 +20,10 @@ QUEUE_DEFAULTS = {
     "backoff_seconds": 1.0,
     "backoff_max_seconds": 300.0,
     "dead_letter_queue": None,
+    "paused": False,
+    "max_processing": None,
+    "rate_limit": None,
+    "thread_limit": 1,
 }
 
 

@@ -56,7 +56,8 @@ class Claims:
         self.looked_at: set[str] = set()  # every row a claim of this group looked at
         self.to_write: list[ItemRow] = []  # taken, to write in one statement
         self.vanished_rows: list[ItemRow] = []
-        self.put_back: set[str] = set()  # queues with a dead claim's file put back here
+        self.put_back: set[str] = set()  # queues to look at again (a file put back, a thread busy)
+        self.stale_threads = False
 
     def run(self, claims: list[Claim], live: dict[str, QueueInfo]) -> dict[int, tuple[bool, Any]]:
         """Each claim's answer (by ``id``): its share of what its queue's claims took."""
@@ -157,11 +158,12 @@ class Claims:
         self._take_all(queue, seconds, taken, want)
         # Written with the other queues' claims of this group, in one statement (``run``);
         # at once only when a vanished row makes its threads settle now.
-        if self.vanished_rows:
+        if self.vanished_rows or self.stale_threads:
             sql.update_rows(self.to_write)
             self.to_write = []
             sql.delete_rows([row.id for row in self.vanished_rows])
             self.vanished_rows.clear()
+            self.stale_threads = False
             self.settle()
         self.tally.count(queue.name, "claims", len(taken))
         return taken
@@ -180,7 +182,19 @@ class Claims:
         if row.thread_id is not None:
             thread = self._thread(queue, row.thread_id)
         if not rules.may_take(row, thread, queue.thread_limit):
-            return None  # its thread is busy changing: not now
+            if thread is None:
+                if row.thread_id is not None and sql.thread_exists(queue.id, row.thread_id):
+                    # Another group holds its thread (it is changing): look again after
+                    # this group's commit, in every process, rather than wait for a backstop.
+                    self.put_back.add(queue.name)
+                    self.tally.claimable(queue.name)
+            else:
+                # Eligible, yet not one of its thread's heads under the queue's threadLimit
+                # (a limit lowered while a group settled it with the old one): the thread is
+                # settled again at the end of this claim, so the row stops being offered.
+                thread.touched = True
+                self.stale_threads = True
+            return None
         if not self.files.take(queue.name, row.id, State.PENDING, State.PROCESSING):
             self._lost(queue, row)
             return None

@@ -23,7 +23,7 @@ from . import rows as sql
 from . import rules
 from .committer import execute
 from .ops import Resettle
-from .queues import upsert_queue
+from .queues import change_queue
 from .rules import QueueInfo
 
 # Settings whose change may let a waiting worker take something now.
@@ -63,8 +63,9 @@ def next_due(queue_names: Sequence[str]) -> dict[str, datetime]:
         return {}
     at = utcnow()
     found: dict[str, datetime] = {}
-    controlled = {q.name: q for q in sql.select_queues(names=sorted(earliest)) if q.controlled}
-    for name, due in earliest.items():
+    limited = sorted(name for name, (_due, control) in earliest.items() if control)
+    controlled = {q.name: q for q in sql.select_queues(names=limited)}
+    for name, (due, _control) in earliest.items():
         queue = controlled.get(name)
         if queue is None:
             found[name] = due
@@ -156,13 +157,12 @@ def put_queue(*, name: str, body: dict[str, Any]) -> tuple[Queue, bool]:
     change felt at once: a changed ``threadLimit`` recounts every thread's heads (through
     the engine, in batches), and a change of any control wakes the waiting workers and
     long-polls of every process (I6), who claim again under the new settings."""
-    before = Queue.objects.filter(name=name, deleting=False).first()
-    queue, created = upsert_queue(name=name, body=body)
-    if created or before is None:
+    queue, created, before = change_queue(name=name, body=body)
+    if created:
         return queue, created
-    if before.thread_limit != queue.thread_limit:
+    if before["thread_limit"] != queue.thread_limit:
         resettle_threads(queue.id)
-    if any(getattr(before, f) != getattr(queue, f) for f in OPENING):
+    if any(before[f] != getattr(queue, f) for f in OPENING):
         events.announce_many([("claimable", queue.name, "")])
     return queue, created
 

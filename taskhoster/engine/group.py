@@ -599,6 +599,9 @@ class Group:
                 continue
             if settled.mark:
                 sql.set_eligible(settled.mark, True, only_pending=True)
+            if settled.heads:
+                # (Also for heads that were eligible already: a claim in another process may
+                # have passed one over while this group held the thread.)
                 self.tally.claimable(thread.queue_name)
             sql.save_thread(thread)
 

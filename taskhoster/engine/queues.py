@@ -180,12 +180,20 @@ def clean_settings(queue_name: str, body: dict[str, Any]) -> dict[str, Any]:
 
 def upsert_queue(*, name: str, body: dict[str, Any]) -> tuple[Queue, bool]:
     """Create the queue or change the given settings; True when it was created."""
+    queue, created, _before = change_queue(name=name, body=body)
+    return queue, created
+
+
+def change_queue(*, name: str, body: dict[str, Any]) -> tuple[Queue, bool, dict[str, Any]]:
+    """``upsert_queue``, and the settings the queue held just before (read under the row's
+    lock, so two changes at once each see the other's; empty when it was created)."""
     validate_queue_name(name)
     values = clean_settings(name, body)
     try:
         with transaction.atomic():
             queue = Queue.objects.select_for_update().filter(name=name, deleting=False).first()
             created = queue is None
+            before = {} if queue is None else queue_settings(queue, wire=False)
             if queue is None:
                 queue = Queue(name=name)
             for field, value in values.items():
@@ -197,8 +205,8 @@ def upsert_queue(*, name: str, body: dict[str, Any]) -> tuple[Queue, bool]:
             queue.save()
             write_queue_settings(store(), name, queue_settings(queue, wire=False))
     except IntegrityError:
-        return upsert_queue(name=name, body=body)  # created concurrently: update it instead
-    return queue, created
+        return change_queue(name=name, body=body)  # created concurrently: update it instead
+    return queue, created, before
 
 
 def queue_settings(queue: Queue, *, wire: bool = True) -> dict[str, Any]:

@@ -296,35 +296,33 @@ def claim_query(
     rows, merged. On PostgreSQL each probe locks with SKIP LOCKED, so concurrent claimers
     pass each other by (a probe may lock up to ``limit`` rows that the merge leaves out:
     they are free again at the group's commit)."""
-    where = ""
-    extra: list[Any] = []
-    if skip:
-        where = f" AND id NOT IN ({_placeholders(len(skip))})"
-        extra = list(skip)
     when = adapt_time(at)
     lock = dialect().skip_locked
     # ``eligible`` bare, as in the partial index's condition, so the planner uses it.
     probe = (
         f"SELECT {SELECT_COLUMNS} FROM {ITEM} WHERE eligible AND queue_id = %s "
-        f"AND priority = {{level}} AND scheduled_at <= %s{where} "
+        f"AND priority = {{level}} AND scheduled_at <= %s{{skip}} "
         f"ORDER BY scheduled_at, seq LIMIT %s{lock}"
     )
     if dialect().vendor == "sqlite":
-        parts = [f"SELECT * FROM ({probe.format(level=level)})" for level in PRIORITIES]
-        params = [v for _level in PRIORITIES for v in (queue_id, when, *extra, limit)]
+        # The rows to skip are left out after the merge (bound once, not once a level: a
+        # group's claims may skip thousands), each level reaching that much further.
+        parts = [f"SELECT * FROM ({probe.format(level=level, skip='')})" for level in PRIORITIES]
+        params = [v for _level in PRIORITIES for v in (queue_id, when, limit + len(skip))]
+        where = f"WHERE id NOT IN ({_placeholders(len(skip))}) " if skip else ""
         query = (
-            f"SELECT {SELECT_COLUMNS} FROM ({' UNION ALL '.join(parts)}) "
+            f"SELECT {SELECT_COLUMNS} FROM ({' UNION ALL '.join(parts)}) {where}"
             "ORDER BY priority DESC, scheduled_at, seq LIMIT %s"
         )
-        return query, [*params, limit]
+        return query, [*params, *skip, limit]
     levels = ", ".join(f"({level})" for level in PRIORITIES)
     columns = ", ".join(f'c."{c}"' for c in COLUMNS)
     query = (
         f"SELECT {columns} FROM (VALUES {levels}) AS lv(level) CROSS JOIN LATERAL "
-        f"({probe.format(level='lv.level')}) AS c "
+        f"({probe.format(level='lv.level', skip=' AND id <> ALL(%s)')}) AS c "
         "ORDER BY c.priority DESC, c.scheduled_at, c.seq LIMIT %s"
     )
-    return query, [queue_id, when, *extra, limit, limit]
+    return query, [queue_id, when, list(skip), limit, limit]
 
 
 def claim_candidates(
@@ -439,28 +437,31 @@ def _queue(values: Sequence[Any]) -> QueueInfo:
     return QueueInfo(**found)
 
 
-def earliest_claimable(queue_names: Sequence[str]) -> dict[str, datetime]:
+def earliest_claimable(queue_names: Sequence[str]) -> dict[str, tuple[datetime, bool]]:
     """For each live queue named that has a claimable item (due or delayed), the earliest
-    ``scheduledAt`` among them: one query, one probe of the claim index per queue and
-    priority level (a queue with nothing claimable is left out)."""
-    found: dict[str, datetime] = {}
+    ``scheduledAt`` among them, and whether the queue has a control set (paused, a cap, a
+    rate limit): one query, one probe of the claim index per queue and priority level (a
+    queue with nothing claimable is left out)."""
+    found: dict[str, tuple[datetime, bool]] = {}
     levels = ", ".join(f"({level})" for level in PRIORITIES)
     with connection.cursor() as cursor:
         for chunk in _chunks(list(queue_names)):
             # ``eligible`` bare, as in the partial index's condition, so the planner uses it.
             cursor.execute(
                 f"WITH lv(level) AS (VALUES {levels}) "
-                "SELECT name, MIN(at) FROM ("
+                "SELECT name, MIN(at), MAX(controlled) FROM ("
                 f"SELECT q.name AS name, (SELECT i.scheduled_at FROM {ITEM} i WHERE i.eligible "
                 "AND i.queue_id = q.id AND i.priority = lv.level "
-                "ORDER BY i.scheduled_at, i.seq LIMIT 1) AS at "
+                "ORDER BY i.scheduled_at, i.seq LIMIT 1) AS at, "
+                "CASE WHEN q.paused OR q.max_processing IS NOT NULL "
+                "OR q.rate_limit IS NOT NULL THEN 1 ELSE 0 END AS controlled "
                 f"FROM {QUEUE} q CROSS JOIN lv WHERE q.name IN ({_placeholders(len(chunk))}) "
                 "AND NOT q.deleting) AS d GROUP BY name",
                 list(chunk),
             )
-            for name, at in cursor.fetchall():
+            for name, at, controlled in cursor.fetchall():
                 if at is not None:
-                    found[name] = read_time(at)  # type: ignore[assignment]
+                    found[name] = (read_time(at), bool(controlled))  # type: ignore[assignment]
     return found
 
 
@@ -655,6 +656,16 @@ def claim_thread(queue_id: int, thread_id: str, queue_name: str) -> ThreadState 
         )
         found = cursor.fetchone()
     return None if found is None else _thread(found, {queue_id: queue_name})
+
+
+def thread_exists(queue_id: int, thread_id: str) -> bool:
+    """Whether the thread's row exists (unlocked: a claim that could not lock it asks)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {THREAD} WHERE queue_id = %s AND thread_id = %s",
+            [queue_id, thread_id],
+        )
+        return cursor.fetchone() is not None
 
 
 def save_thread(thread: ThreadState) -> None:

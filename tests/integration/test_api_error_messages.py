@@ -92,7 +92,8 @@ CASES = [
         JSON,
         400,
         "invalid_body",
-        "a post body is either one item (payload, threadId, scheduledAt, delaySeconds, key) or "
+        "a post body is either one item (payload, threadId, scheduledAt, delaySeconds, key, "
+        "priority) or "
         "a batch (items), not both: this one has items and payload",
         exact=True,
     ),

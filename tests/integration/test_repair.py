@@ -41,6 +41,9 @@ MAIN_SETTINGS = {
     "backoffSeconds": 20,
     "backoffMaxSeconds": 50,
     "deadLetterQueue": "dlq",
+    # Flow control comes back too (none of it holds back this test's claims).
+    "maxProcessing": 50,
+    "rateLimit": {"count": 1000, "seconds": 1},
 }
 # Not ``fetched_at``: a producer's first read stamps only the row, never the file, so a lost
 # index forgets it (the item is then kept until it is read again: the safe direction).

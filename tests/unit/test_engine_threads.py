@@ -324,3 +324,24 @@ def test_giving_back_needs_the_current_lease(make_queue):
     claim_one()
     assert engine.release_unsent(item_id=item.id, lease="not-the-lease").accepted is False
     assert row(item.id).status == "processing"
+
+
+def test_a_head_left_eligible_under_a_lowered_thread_limit_is_settled_away_by_the_claim(
+    make_queue,
+) -> None:
+    """A group that settled a thread with the old ``threadLimit`` (it read the queue before the
+    change) leaves more heads than the new limit allows: a claim takes what the limit allows
+    and settles the thread again, so the extra head stops being offered (no claim loop on a
+    row that can never be taken)."""
+    make_queue("q", threadLimit=2)
+    a = post(thread_id="t")
+    b = post(thread_id="t")
+    assert thread_row("q", "t").heads == [a.id, b.id]
+    from taskhoster.models import Queue
+
+    Queue.objects.filter(name="q").update(thread_limit=1)  # as if the resettle came first
+    assert claimed_ids() == [a.id]
+    thread = thread_row("q", "t")
+    assert (thread.processing, thread.heads) == (1, [])
+    assert not Item.objects.get(id=b.id).eligible
+    assert claimed_ids() == []
