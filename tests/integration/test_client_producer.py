@@ -576,7 +576,9 @@ def test_async_producer_pauses_resumes_sets_flow_controls_and_posts_with_priorit
             [batched] = await producer.post_many("q", [NewItem("b", priority=2)])
             assert batched.priority == 2
             assert await asyncio.to_thread(claim_now, http) == []
-            assert (await producer.queue("q")).held["paused"] == 3
+            held = (await producer.queue("q")).held
+            assert held is not None
+            assert held["paused"] == 3
             assert (await producer.resume("q")).paused is False
             claimed = await asyncio.to_thread(claim_now, http, "q", 3)
             assert claimed == [high.id, batched.id, low.id]

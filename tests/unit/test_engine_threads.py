@@ -336,12 +336,15 @@ def test_a_head_left_eligible_under_a_lowered_thread_limit_is_settled_away_by_th
     make_queue("q", threadLimit=2)
     a = post(thread_id="t")
     b = post(thread_id="t")
-    assert thread_row("q", "t").heads == [a.id, b.id]
+    before = thread_row("q", "t")
+    assert before is not None
+    assert before.heads == [a.id, b.id]
     from taskhoster.models import Queue
 
     Queue.objects.filter(name="q").update(thread_limit=1)  # as if the resettle came first
     assert claimed_ids() == [a.id]
     thread = thread_row("q", "t")
+    assert thread is not None
     assert (thread.processing, thread.heads) == (1, [])
     assert not Item.objects.get(id=b.id).eligible
     assert claimed_ids() == []
