@@ -9,7 +9,7 @@ import logging
 import secrets
 from collections import defaultdict
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from ..errors import QueueNotFound, TaskhosterError
@@ -96,14 +96,8 @@ class Claims:
         if queue.paused:
             return []
         sql.lock_claims(queue.id)
-        processing = started = 0
-        if queue.max_processing is not None:
-            processing = sql.count_processing(queue.id, queue.max_processing)
-        starts: list[tuple[datetime, int]] = []
-        if queue.rate_limit is not None:
-            since = self.at - timedelta(seconds=queue.rate_limit.seconds)
-            starts = sql.claim_starts(queue.id, since, prune=True)
-            started = sum(n for _t, n in starts)
+        processing, starts = sql.control_state(queue, self.at, prune=True)
+        started = sum(n for _t, n in starts)
         budget, held = rules.claim_budget(queue, want, processing=processing, started=started)
         taken = self._claim_queue(queue, budget) if budget > 0 else []
         if queue.rate_limit is not None and taken:

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
-
-from django.db import connection
 
 from .. import events
 from ..models import Queue, Thread
-from ..status import Status
 from ..timeutil import now as utcnow
 from . import rows as sql
 from . import rules
@@ -33,22 +30,25 @@ RESETTLE_BATCH = 500
 # Held counts are exact up to this many; beyond it they say this many (a count of a million
 # waiting items would cost a scan of them on every read).
 HELD_CAP = 10_000
+# ``Held``'s field for each control ``rules.claim_budget`` names.
+FIELD_OF_CONTROL = {
+    "paused": "paused",
+    "maxProcessing": "max_processing",
+    "rateLimit": "rate_limit",
+}
 
 
 def gate(queue: QueueInfo, at: datetime) -> datetime | None:
     """When a claim of ``queue`` could take something, as far as its controls say: ``at`` if
     now, a later time if a rate window is full, None if only news can open it (paused, or at
     its cap: a resume or a freed slot is announced)."""
-    if queue.paused:
+    processing, starts = sql.control_state(queue, at)
+    started = sum(n for _t, n in starts)
+    _budget, held_by = rules.claim_budget(queue, 1, processing=processing, started=started)
+    if held_by in ("paused", "maxProcessing"):
         return None
-    cap = queue.max_processing
-    if cap is not None and sql.count_processing(queue.id, cap) >= cap:
-        return None
-    if queue.rate_limit is not None:
-        since = at - timedelta(seconds=queue.rate_limit.seconds)
-        opens = rules.rate_window_opens(queue, sql.claim_starts(queue.id, since), at)
-        if opens is not None:
-            return opens
+    if held_by == "rateLimit":
+        return rules.rate_window_opens(queue, starts, at) or at
     return at
 
 
@@ -101,55 +101,14 @@ def held(queue: QueueInfo) -> Held:
     that apply now."""
     at = utcnow()
     values: dict[str, int] = {}
-    control = None
-    if queue.paused:
-        control = "paused"
-    elif queue.controlled:
-        _budget, control = rules.claim_budget(
-            queue,
-            1,
-            processing=(
-                sql.count_processing(queue.id, queue.max_processing)
-                if queue.max_processing is not None
-                else 0
-            ),
-            started=sum(
-                n
-                for _t, n in sql.claim_starts(
-                    queue.id, at - timedelta(seconds=queue.rate_limit.seconds)
-                )
-            )
-            if queue.rate_limit is not None
-            else 0,
-        )
-    if control is not None:
-        field = {"paused": "paused", "maxProcessing": "max_processing", "rateLimit": "rate_limit"}
-        values[field[control]] = _count_due_eligible(queue.id, at)
-    values["thread"] = _count_thread_held(queue.id, at)
+    if queue.controlled:
+        processing, starts = sql.control_state(queue, at)
+        started = sum(n for _t, n in starts)
+        _budget, held_by = rules.claim_budget(queue, 1, processing=processing, started=started)
+        if held_by is not None:
+            values[FIELD_OF_CONTROL[held_by]] = sql.count_due_eligible(queue.id, at, HELD_CAP)
+    values["thread"] = sql.count_thread_waiting(queue.id, at, HELD_CAP)
     return Held(**values)
-
-
-def _count_due_eligible(queue_id: int, at: datetime) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT COUNT(*) FROM (SELECT 1 FROM {sql.ITEM} WHERE eligible AND queue_id = %s "
-            "AND scheduled_at <= %s LIMIT %s) AS e",
-            [queue_id, sql.adapt_time(at), HELD_CAP],
-        )
-        return int(cursor.fetchone()[0])
-
-
-def _count_thread_held(queue_id: int, at: datetime) -> int:
-    """Due pending members of the queue's threads that are not eligible: each waits for its
-    thread (a member processing, at ``threadLimit``, or heads ahead of it in line)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT COUNT(*) FROM (SELECT 1 FROM {sql.ITEM} WHERE queue_id = %s "
-            "AND thread_id IS NOT NULL AND status = %s AND NOT eligible AND scheduled_at <= %s "
-            "LIMIT %s) AS t",
-            [queue_id, Status.PENDING.value, sql.adapt_time(at), HELD_CAP],
-        )
-        return int(cursor.fetchone()[0])
 
 
 def put_queue(*, name: str, body: dict[str, Any]) -> tuple[Queue, bool]:

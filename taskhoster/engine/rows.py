@@ -13,7 +13,7 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection
@@ -377,6 +377,45 @@ def claim_starts(
             [queue_id, adapt_time(since)],
         )
         return [(read_time(at), n) for at, n in cursor.fetchall()]  # type: ignore[misc]
+
+
+def control_state(
+    queue: QueueInfo, at: datetime, *, prune: bool = False
+) -> tuple[int, list[tuple[datetime, int]]]:
+    """What a queue's cap and rate limit are judged by at ``at``: its items processing
+    (``count_processing``, 0 without a cap) and the claims started in its window
+    (``claim_starts``, none without a rate limit)."""
+    processing = 0
+    if queue.max_processing is not None:
+        processing = count_processing(queue.id, queue.max_processing)
+    starts: list[tuple[datetime, int]] = []
+    if queue.rate_limit is not None:
+        since = at - timedelta(seconds=queue.rate_limit.seconds)
+        starts = claim_starts(queue.id, since, prune=prune)
+    return processing, starts
+
+
+def count_due_eligible(queue_id: int, at: datetime, cap: int) -> int:
+    """The queue's claimable items due at ``at``, up to ``cap``."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT COUNT(*) FROM (SELECT 1 FROM {ITEM} WHERE eligible AND queue_id = %s "
+            "AND scheduled_at <= %s LIMIT %s) AS e",
+            [queue_id, adapt_time(at), cap],
+        )
+        return int(cursor.fetchone()[0])
+
+
+def count_thread_waiting(queue_id: int, at: datetime, cap: int) -> int:
+    """The queue's due pending thread members that are not eligible, up to ``cap``."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT COUNT(*) FROM (SELECT 1 FROM {ITEM} WHERE queue_id = %s "
+            "AND thread_id IS NOT NULL AND status = %s AND NOT eligible AND scheduled_at <= %s "
+            "LIMIT %s) AS t",
+            [queue_id, Status.PENDING.value, adapt_time(at), cap],
+        )
+        return int(cursor.fetchone()[0])
 
 
 def record_claim_start(queue_id: int, at: datetime, n: int) -> None:

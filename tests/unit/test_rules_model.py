@@ -66,6 +66,8 @@ from taskhoster.engine.rules import (
 )
 from taskhoster.status import RetainFrom, Status
 
+from .fair_order import fair_order
+
 EXAMPLES = int(os.environ.get("TASKHOSTER_RULES_EXAMPLES", "400"))
 STEPS = int(os.environ.get("TASKHOSTER_RULES_STEPS", "60"))
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -342,18 +344,7 @@ class Model:
             count, seconds = self.s.rate
             recent = sum(1 for t in self.started if t > at - secs(seconds))
             budget = min(budget, max(0, count - recent))
-        out: list[MItem] = []
-        for priority in sorted({i.priority for i in self.claimable(at)}, reverse=True):
-            level = [i for i in self.claimable(at) if i.priority == priority]
-            gave = {i.thread for i in out if i.thread is not None}
-            firsts: list[MItem] = []
-            for item in level:
-                if item.thread is None or item.thread not in gave:
-                    firsts.append(item)
-                    if item.thread is not None:
-                        gave.add(item.thread)
-            out += firsts + [i for i in level if i not in firsts]
-        return out[:budget]
+        return fair_order(self.claimable(at))[:budget]
 
     def exhausted(self, item: MItem) -> bool:
         return self.s.max_attempts is not None and item.attempts >= self.s.max_attempts

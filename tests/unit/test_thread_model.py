@@ -53,6 +53,8 @@ from taskhoster.models import Item, Queue, Thread
 from taskhoster.status import State
 from taskhoster.timeutil import now as utcnow
 
+from .fair_order import fair_order
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 MAX_ATTEMPTS = (1, 2, 3)  # each example picks one, so that attempts often run out
@@ -139,19 +141,7 @@ class Model:
         thread's first before any thread's second."""
         if self.paused:
             return []
-        out: list[MItem] = []
-        claimable = self.claimable(at)
-        for priority in sorted({i.priority for i in claimable}, reverse=True):
-            level = [i for i in claimable if i.priority == priority]
-            gave = {i.thread for i in out if i.thread is not None}
-            firsts = []
-            for item in level:
-                if item.thread is None or item.thread not in gave:
-                    firsts.append(item)
-                    if item.thread is not None:
-                        gave.add(item.thread)
-            out += firsts + [i for i in level if i not in firsts]
-        return out[:n]
+        return fair_order(self.claimable(at))[:n]
 
     # transitions
 
