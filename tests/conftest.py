@@ -137,6 +137,26 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             thread.join(60)
 
 
+def quiesce_engine(within: float = 60.0) -> None:
+    """Wait until this process's committer has answered everything handed to it (a test may
+    have stopped waiting for an answer: a timeout, a failure), then drop the metrics it
+    counted and has not written. Run before a test's database is emptied: a committer
+    that wrote its counts afterwards would write them into the next test's database, whose
+    ``/metrics`` would then show work it never did."""
+    from taskhoster import metrics
+    from taskhoster.engine import admission
+
+    committer = admission.current()
+    if committer is not None:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline and (
+            committer.waiting() or getattr(committer, "busy", False)
+        ):
+            time.sleep(0.01)
+    with metrics._lock:
+        metrics._pending.clear()
+
+
 @pytest.fixture(autouse=True)
 def state_root(tmp_path: Path, settings: Any) -> Iterator[Path]:
     root = tmp_path / "state"
@@ -149,6 +169,9 @@ def state_root(tmp_path: Path, settings: Any) -> Iterator[Path]:
         "COMMITTER": "thread",
     }
     yield root
+    # (A test marked django_db has its database emptied after this; one that asks for
+    # ``transactional_db`` through ``server_factory`` is quiesced there.)
+    quiesce_engine()
     # The host-wide mark of foreground work kept for this root (``engine.pacing``).
     ForegroundMark.path(root).unlink(missing_ok=True)
     pacing_marks.pop(root, None)
@@ -242,6 +265,9 @@ class Server:
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                # A process group of its own, with its committer process: ``stop`` and
+                # ``kill`` wait for the whole group.
+                start_new_session=True,
             )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -256,9 +282,12 @@ class Server:
         raise RuntimeError("daphne did not start")
 
     def kill(self) -> None:
+        """SIGKILL daphne, as a crash would; its committer process, left with the pipe
+        closed, finishes what it was handed and exits (waited for: ``_wait_for_group``)."""
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
+        self._wait_for_group()
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -267,6 +296,38 @@ class Server:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self._wait_for_group()
+
+    def _wait_for_group(self, within: float = 20.0) -> None:
+        """Until no process of the server's group is left (its committer process writes
+        what it counted as it exits: that must land before the test's database is
+        emptied, never in the next test's); SIGKILL for what is still there after
+        ``within`` seconds."""
+        if self.proc is None:
+            return
+        group = self.proc.pid  # start_new_session: the group is named by daphne's pid
+        deadline = time.monotonic() + within
+        while _group_alive(group):
+            if time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, signal.SIGKILL)
+                deadline = time.monotonic() + within
+            time.sleep(0.02)
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a process of process group ``group`` is still running (not a zombie)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            return True
+    return False
 
 
 @pytest.fixture
@@ -281,6 +342,7 @@ def server_factory(transactional_db: None, state_root: Path) -> Iterator[Callabl
     yield start
     for server in started:
         server.stop()
+    quiesce_engine()  # before ``transactional_db`` empties the database
 
 
 @pytest.fixture

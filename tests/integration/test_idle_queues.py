@@ -74,6 +74,7 @@ def test_the_backstop_finds_an_item_whose_news_was_lost(server_factory, make_key
             f"{server.url}/api/queues/q/items",
             json={"payload": 1},
             headers={"Authorization": f"Token {key}"},
+            timeout=30,
         ).json()
         frame = await recv(ws, 30)  # no news ever comes: only the backstop finds it
         await ws.close()
@@ -97,6 +98,7 @@ def test_a_delayed_item_reaches_a_waiting_socket_when_due_without_news(server_fa
             f"{server.url}/api/queues/q/items",
             json={"payload": 1, "delaySeconds": 2},
             headers={"Authorization": f"Token {key}"},
+            timeout=30,
         )
         frame = await recv(ws, 30)
         arrived = time.time()
