@@ -105,6 +105,13 @@ ITEM_FRAME = Body(
         _always(contract.ERROR_TEXT, description="The cause of the last re-queue, if any."),
         _always(_POSTED["key"]),
         Field("origin", "object", body=ORIGIN, description="Set on a dead-letter copy."),
+        Field(
+            "progress",
+            "json",
+            required=True,
+            nullable=True,
+            description="Null: each attempt starts without progress (a progress frame sets it).",
+        ),
         _always(contract.LEASE, description="The lease this socket now holds for the item."),
     ),
     description="An item pushed to the socket under a lease: the item as the REST API shows "
@@ -144,9 +151,10 @@ CANCEL_FRAME = Body(
             required=True,
             # "deleted" is what rule 9 (an item or its queue deleted) tells the holder;
             # "finished" ends a later attempt held here when an earlier one's result won.
-            choices=("deleted", engine.TIMEOUT, Status.FINISHED.value),
-            description="deleted (the item or its queue), timeout (queueSeconds passed), or "
-            "finished (a result for an earlier attempt of the item ended it).",
+            choices=("deleted", engine.TIMEOUT, Status.FINISHED.value, engine.CANCELLED),
+            description="deleted (the item or its queue), timeout (queueSeconds passed), "
+            "finished (a result for an earlier attempt of the item ended it), or cancelled "
+            "(POST /api/items/{id}/cancel).",
         ),
         dataclasses.replace(
             contract.LEASE,
@@ -175,10 +183,17 @@ ERROR_FRAME = Body(
     description="A frame the server could not take (in place of its ack); the socket stays "
     "open, except after 'internal' (closed with 4500) or on connect without a valid key.",
 )
+DRAIN_FRAME = Body(
+    "DrainFrame",
+    (_SENT_TYPE,),
+    description="An operator drained this socket (POST /api/workers/{id}/drain): nothing more "
+    "is pushed to it; finish what it holds, answer it, then close.",
+)
 SENT_FRAMES = {
     "item": ITEM_FRAME,
     "ack": ACK_FRAME,
     "cancel": CANCEL_FRAME,
+    "drain": DRAIN_FRAME,
     "error": ERROR_FRAME,
 }
 
@@ -188,16 +203,22 @@ SUMMARIES = {
     "result": "Hand back an item's result (accepted unless the item is already terminal).",
     "fail": "Say the work failed: retried after a backoff, or (retry false) the item dies.",
     "extend": "Keep the lease alive: by seconds, at most the queue's leaseSeconds.",
+    "progress": "Report progress on a held item (any JSON up to 4 KiB; the lease is not "
+    "extended); GET /api/items/{id} shows the latest.",
+    "drain": "Take nothing more: finish what this socket holds, then close.",
     "item": "An item for this socket to work on, pushed while it holds fewer than capacity.",
-    "ack": "The answer to a result, fail or extend.",
-    "cancel": "Stop work on an item: it was deleted, timed out or finished by another attempt.",
+    "ack": "The answer to a result, fail, extend or progress.",
+    "cancel": "Stop work on an item: it was deleted, timed out, cancelled or finished by "
+    "another attempt.",
     "error": "A frame the server could not take.",
 }
 EXAMPLES: dict[str, dict[str, Any]] = {
-    "subscribe": {"type": "subscribe", "queues": ["emails"], "capacity": 4},
+    "subscribe": {"type": "subscribe", "queues": ["emails"], "capacity": 4, "name": "web-1:4242"},
     "result": {"type": "result", "id": "0641f3a0c2b1d4e5f6a7b8", "result": {"sent": True}},
     "fail": {"type": "fail", "id": "0641f3a0c2b1d4e5f6a7b8", "error": "smtp down", "retry": True},
     "extend": {"type": "extend", "id": "0641f3a0c2b1d4e5f6a7b8", "seconds": 30},
+    "progress": {"type": "progress", "id": "0641f3a0c2b1d4e5f6a7b8", "progress": {"done": 40}},
+    "drain": {"type": "drain"},
     "item": {
         "type": "item",
         "id": "0641f3a0c2b1d4e5f6a7b8",
@@ -213,6 +234,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "finishedAt": None,
         "error": None,
         "key": None,
+        "progress": None,
         "lease": "Jq3k1n0sYvB2h4W8xZ7c5A",
     },
     "ack": {"type": "ack", "id": "0641f3a0c2b1d4e5f6a7b8", "accepted": True, "status": "finished"},
@@ -302,7 +324,7 @@ def build_document(*, host: str = DEFAULT_HOST, protocol: str = "ws") -> dict[st
             "summary": SUMMARIES[kind],
             "messages": [_ref("channels", "work", "messages", kind)],
         }
-        if kind in ("result", "fail", "extend"):
+        if kind in ("result", "fail", "extend", "progress"):
             operation["reply"] = {"channel": _ref("channels", "work"), "messages": answers}
         operations[("send" if kind in sent else "receive") + kind.capitalize()] = operation
     return {

@@ -45,6 +45,9 @@ ERROR_MAX_CHARS = 10_000  # a fail's error text (taskhoster.client cuts its text
 MAX_LEASE_SECONDS = 7 * DAY  # a queue's leaseSeconds, hence an extend's seconds
 MAX_DELAY_SECONDS = 366 * DAY  # a queue's queueSeconds, hence a post's delaySeconds
 MAX_PRIORITY = 9  # SPEC section 8.1 (the claim index is probed once per level)
+PROGRESS_MAX_BYTES = 4096  # SPEC section 8.2: an item's progress, as compact JSON
+CANCEL_REASON_MAX_CHARS = 500  # SPEC section 8.2
+WORKER_NAME_MAX_CHARS = 200  # SPEC section 8.2: a socket's name in subscribe
 # What a socket frame or a REST body of one item may hold besides its payload or result (the
 # id, lease, threadId, key, error text, and JSON's escapes of them).
 ENVELOPE_BYTES = 64 * 1024
@@ -89,6 +92,7 @@ class Field:
     item: Field | None = None
     body: Body | None = None
     sized: bool = False  # a payload or result: at most MAX_PAYLOAD_BYTES of JSON (413)
+    max_bytes: int | None = None  # other JSON: at most this many bytes of it (413)
     too_large: str | None = None  # a list over max_length is 413 with this code
     code: str = "invalid"
     description: str = ""
@@ -162,6 +166,8 @@ def _check(spec: Field, value: Any, name: str) -> Any:
     if kind == "json":
         if spec.sized:
             check_size(value, name)
+        if spec.max_bytes is not None:
+            check_size(value, name, most=spec.max_bytes)
         return value
     if kind == "string" or kind == "choice":
         if not isinstance(value, str):
@@ -276,9 +282,10 @@ def check_depth(text: str, value: Any) -> None:
         stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
 
 
-def check_size(value: Any, name: str) -> None:
-    """A payload or result: at most ``MAX_PAYLOAD_BYTES`` of JSON, else 413."""
-    most = get_conf().max_payload_bytes
+def check_size(value: Any, name: str, *, most: int | None = None) -> None:
+    """A payload or result: at most ``MAX_PAYLOAD_BYTES`` of JSON (or ``most``), else 413."""
+    if most is None:
+        most = get_conf().max_payload_bytes
     size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
     if size > most:
         raise TooLarge(f"{name} is {size} bytes of JSON; the limit is {most}")
@@ -477,6 +484,54 @@ BULK_DELETE = Body(
     exactly_one_of=(("ids", "status"),),
 )
 
+PROGRESS_VALUE = Field(
+    "progress",
+    "json",
+    required=True,
+    nullable=True,
+    max_bytes=PROGRESS_MAX_BYTES,
+    description=(
+        f"Any JSON of at most {PROGRESS_MAX_BYTES} bytes: the item's progress while it is "
+        "processing (it does not extend the lease)."
+    ),
+)
+PROGRESS = Body("Progress", (LEASE, PROGRESS_VALUE))
+CANCEL = Body(
+    "Cancel",
+    (
+        Field(
+            "reason",
+            "string",
+            nullable=True,
+            min_length=0,
+            max_length=CANCEL_REASON_MAX_CHARS,
+            code="invalid_reason",
+            description="Why it was cancelled (the item's cancelReason).",
+        ),
+    ),
+)
+WORKER_NAME = Field(
+    "name",
+    "string",
+    min_length=1,
+    max_length=WORKER_NAME_MAX_CHARS,
+    printable=True,
+    code="invalid_name",
+    description="The worker's name, for operators (host and pid, say).",
+)
+DRAIN_WORKERS = Body(
+    "DrainWorkers",
+    (
+        replace(
+            WORKER_NAME,
+            name="namePrefix",
+            required=True,
+            code="invalid_name_prefix",
+            description="Drain every worker whose name starts with this.",
+        ),
+    ),
+)
+
 # The /work socket's frames (SPEC section 6): their ``type`` is checked before these.
 FRAME_TYPE = Field("type", "string", required=True)
 SUBSCRIBE_FRAME = Body(
@@ -502,6 +557,7 @@ SUBSCRIBE_FRAME = Body(
             code="invalid_capacity",
             description="Hold at most this many items at once.",
         ),
+        WORKER_NAME,
     ),
 )
 # Optional on the socket (SPEC section 6: the socket knows the lease it holds), but a worker
@@ -528,9 +584,11 @@ def frame(body: Body) -> Body:
 RESULT_FRAME = frame(RESULT)
 FAIL_FRAME = frame(FAIL)
 EXTEND_FRAME = frame(EXTEND)
+PROGRESS_FRAME = frame(PROGRESS)
 FRAMES = {
     "subscribe": SUBSCRIBE_FRAME,
     "result": RESULT_FRAME,
     "fail": FAIL_FRAME,
     "extend": EXTEND_FRAME,
+    "progress": PROGRESS_FRAME,
 }

@@ -55,6 +55,12 @@ class ItemNotFound(NotFound):
     code = "item_not_found"
 
 
+class WorkerNotFound(NotFound):
+    """No such worker socket (or its server process is gone)."""
+
+    code = "worker_not_found"
+
+
 class KeyRefused(TaskhosterError):
     """The key is unknown or revoked (``keys.refusal``, for the views and for the engine's
     group, which checks the key of a post answered on the event loop)."""

@@ -154,6 +154,11 @@ class Item(models.Model):
     dead_letter = models.CharField(max_length=64, null=True, blank=True)
     rev = models.PositiveIntegerField(default=1)
     updated_at = models.DateTimeField()
+    # Section 8.2: who holds the current attempt (a socket's name, or "http"), the latest
+    # progress its worker reported, and the reason given with a cancel.
+    claimed_by = models.CharField(max_length=200, null=True, blank=True)
+    progress = models.JSONField(null=True, blank=True)
+    cancel_reason = models.CharField(max_length=500, null=True, blank=True)
 
     class Meta:
         indexes = [
@@ -281,6 +286,40 @@ class Counter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}:{self.name}@{self.process}"
+
+
+class ServerProcess(models.Model):
+    """A server process that serves ``/work`` sockets, alive while ``seen_at`` is recent
+    (each process touches its own row every few seconds, whatever its number of sockets)."""
+
+    process = models.CharField(max_length=64, primary_key=True)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    seen_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return self.process
+
+
+class WorkerSocket(models.Model):
+    """One open ``/work`` socket of a server process (SPEC section 8.2's ``GET
+    /api/workers``), written by its process when it changes; gone with the socket, and
+    hidden (then removed) once its process stops touching its ``ServerProcess`` row."""
+
+    id = models.CharField(max_length=32, primary_key=True)
+    process = models.CharField(max_length=64, db_index=True)
+    name = models.CharField(max_length=200)
+    key_id = models.IntegerField(null=True, blank=True)
+    queues = models.JSONField(default=list)
+    capacity = models.PositiveIntegerField(default=0)
+    held = models.JSONField(default=list)
+    draining = models.BooleanField(default=False)
+    connected_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id})"
 
 
 class Installation(models.Model):

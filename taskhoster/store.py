@@ -136,24 +136,41 @@ def decode(data: bytes, *, name: str = "") -> tuple[Record, int]:
     """
     record: Record | None = None
     end = 0
-    while True:
-        stop = data.find(b"\n", end)
-        if stop < 0:
-            break
-        try:
-            fields = json.loads(data[end:stop])
-        except ValueError:
-            break
-        if not isinstance(fields, dict):
-            break
+    for fields, past in _whole_lines(data):
         if record is None:
             record = fields
         else:
             record.update(fields)
-        end = stop + 1
+        end = past
     if record is None:
         raise StoreError(f"item file {name} has no whole first line")
     return record, end
+
+
+def decode_lines(data: bytes, *, name: str = "") -> list[Record]:
+    """A file's whole lines, each as written (``decode`` folds them into one record)."""
+    lines = [fields for fields, _end in _whole_lines(data)]
+    if not lines:
+        raise StoreError(f"item file {name} has no whole first line")
+    return lines
+
+
+def _whole_lines(data: bytes) -> Iterator[tuple[Record, int]]:
+    """Each whole JSON-object line with the offset just past it, up to the first that is
+    not one."""
+    end = 0
+    while True:
+        stop = data.find(b"\n", end)
+        if stop < 0:
+            return
+        try:
+            fields = json.loads(data[end:stop])
+        except ValueError:
+            return
+        if not isinstance(fields, dict):
+            return
+        end = stop + 1
+        yield fields, end
 
 
 class Syscalls:
@@ -304,6 +321,20 @@ class StateStore:
         return self.read_path(self.item_file(queue, state, item_id))
 
     def read_path(self, path: Path | str) -> Record:
+        return decode(self._read_bytes(path), name=os.path.basename(path))[0]
+
+    def read_lines(self, queue: str, item_id: str, first: State) -> list[Record]:
+        """The item's file's lines, each as written (looking in ``first``, then the other
+        states)."""
+        for state in (first, *(s for s in State if s is not first)):
+            path = self.item_file(queue, state, item_id)
+            try:
+                return decode_lines(self._read_bytes(path), name=os.path.basename(path))
+            except FileMissing:
+                continue
+        raise FileMissing(f"item {item_id} has no file in queue {queue}")
+
+    def _read_bytes(self, path: Path | str) -> bytes:
         name = os.path.basename(path)
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -319,7 +350,7 @@ class StateStore:
             raise StoreError(f"could not read item file {name}: {exc}") from exc
         finally:
             os.close(fd)
-        return decode(b"".join(chunks), name=name)[0]
+        return b"".join(chunks)
 
     def read_any(self, queue: str, item_id: str, first: State) -> tuple[State, Record]:
         """Read the item's file, looking in ``first`` and then in the other states."""

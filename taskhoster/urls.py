@@ -29,6 +29,12 @@ urlpatterns = [
     path("api/items/<str:item_id>/result", views.ResultView.as_view()),
     path("api/items/<str:item_id>/fail", views.FailView.as_view()),
     path("api/items/<str:item_id>/extend", views.ExtendView.as_view()),
+    path("api/items/<str:item_id>/progress", views.ProgressView.as_view()),
+    path("api/items/<str:item_id>/cancel", views.CancelView.as_view()),
+    path("api/items/<str:item_id>/attempts", views.AttemptsView.as_view()),
+    path("api/workers", views.WorkerListView.as_view()),
+    path("api/workers/drain", views.WorkersDrainView.as_view()),
+    path("api/workers/<str:worker_id>/drain", views.WorkerDrainView.as_view()),
     path("api/schema", SchemaView.as_view()),
     path("api/asyncapi", asyncapi_view),  # the /work socket, AsyncAPI 3
     # Last: any other path under api/ (any method; a POST carries no CSRF token).

@@ -19,7 +19,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 
 from .. import contract, schemas
 from ..conf import get_conf
-from ..engine import MAX_LIMIT, QUEUE_SETTINGS, QueueSetting
+from ..engine import MAX_LIMIT, QUEUE_SETTINGS, Outcome, QueueSetting
 from ..status import Status
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -56,6 +56,14 @@ def queue_param() -> OpenApiParameter:
 
 def item_param() -> OpenApiParameter:
     return _path("item_id", schemas.field_schema(contract.ITEM_ID), "An item.")
+
+
+def worker_param() -> OpenApiParameter:
+    return _path(
+        "worker_id",
+        {"type": "string", "pattern": "^[0-9a-f]{16}$"},
+        "A worker socket (its id in GET /api/workers).",
+    )
 
 
 def thread_param() -> OpenApiParameter:
@@ -205,13 +213,27 @@ def documented(
 TAGS = {
     **dict.fromkeys(("listQueues", "getQueue", "putQueue", "deleteQueue"), "queues"),
     **dict.fromkeys(
-        ("listItems", "postItems", "deleteItems", "getItem", "deleteItem", "restartItem"),
+        (
+            "listItems",
+            "postItems",
+            "deleteItems",
+            "getItem",
+            "deleteItem",
+            "restartItem",
+            "cancelItem",
+            "getAttempts",
+        ),
         "items",
     ),
-    **dict.fromkeys(("claimItems", "submitResult", "failItem", "extendLease"), "work"),
+    **dict.fromkeys(
+        ("claimItems", "submitResult", "failItem", "extendLease", "reportProgress"), "work"
+    ),
+    **dict.fromkeys(("listWorkers", "drainWorker", "drainWorkers"), "workers"),
     **dict.fromkeys(("listThreads", "getThread"), "threads"),
 }
 QUEUE_ERRORS = {400: ["invalid_queue_name"], 404: ["queue_not_found"]}
+WORKER_ERRORS = {400: ["invalid_worker_id"], 404: ["worker_not_found"]}
+ATTEMPT_OUTCOMES = tuple(o.value for o in Outcome)
 ITEM_ERRORS = {400: ["invalid_id"], 404: ["item_not_found"]}
 
 
@@ -286,6 +308,15 @@ def _item_schema(*, claimed: bool = False) -> dict[str, Any]:
         "key": {"type": "string", "nullable": True},
         "origin": {"description": "Where a dead-lettered copy came from."},
         "deadLetter": {"type": "string", "description": "The copy's id in the dead-letter queue."},
+        "progress": {
+            "nullable": True,
+            "description": "The latest progress its worker reported while it was processing "
+            "(any JSON); null until the current attempt reports some.",
+        },
+        "cancelReason": {
+            "type": "string",
+            "description": "The reason given when it was cancelled (set only then).",
+        },
     }
     required = [
         "id",
@@ -364,6 +395,75 @@ def components() -> dict[str, Any]:
         "Fail": schemas.body_schema(contract.FAIL),
         "Extend": schemas.body_schema(contract.EXTEND),
         "BulkDelete": schemas.body_schema(contract.BULK_DELETE),
+        "Progress": schemas.body_schema(contract.PROGRESS),
+        "Cancel": schemas.body_schema(contract.CANCEL),
+        "DrainWorkers": schemas.body_schema(contract.DRAIN_WORKERS),
+        "Progressed": {
+            "type": "object",
+            "properties": {"accepted": {"type": "boolean"}},
+            "required": ["accepted"],
+        },
+        "Attempt": {
+            "type": "object",
+            "properties": {
+                "attempt": {"type": "integer", "minimum": 0},
+                "claimedAt": NULLABLE_TIME,
+                "worker": {
+                    "type": "string",
+                    "nullable": True,
+                    "description": "The socket's name, or http for a REST claim.",
+                },
+                "endedAt": NULLABLE_TIME,
+                "outcome": {
+                    "type": "string",
+                    "nullable": True,
+                    "enum": [*ATTEMPT_OUTCOMES, None],
+                    "description": "How it ended; null while it runs.",
+                },
+                "error": {"type": "string", "nullable": True},
+            },
+            "required": ["attempt", "claimedAt", "worker", "endedAt", "outcome", "error"],
+        },
+        "Attempts": {
+            "type": "object",
+            "properties": {
+                "attempts": {"type": "array", "items": _ref("Attempt")},
+                "omitted": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "Attempts left out between the first and the latest.",
+                },
+            },
+            "required": ["attempts", "omitted"],
+        },
+        "Worker": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string"},
+                "name": {"type": "string"},
+                "queues": {"type": "array", "items": {"type": "string"}},
+                "capacity": {"type": "integer", "minimum": 0},
+                "held": {"type": "array", "items": {"type": "string"}},
+                "draining": {"type": "boolean"},
+                "connectedAt": TIME,
+                "lastSeenAt": TIME,
+            },
+            "required": [
+                "id",
+                "name",
+                "queues",
+                "capacity",
+                "held",
+                "draining",
+                "connectedAt",
+                "lastSeenAt",
+            ],
+        },
+        "WorkerList": {
+            "type": "object",
+            "properties": {"workers": {"type": "array", "items": _ref("Worker")}},
+            "required": ["workers"],
+        },
         "QueueSettings": _settings_schema(),
         "Queue": queue,
         "QueueList": {"type": "array", "items": _ref("Queue")},

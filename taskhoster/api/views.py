@@ -18,12 +18,13 @@ from rest_framework.response import Response
 
 from .. import contract, engine, events, health, metrics
 from ..conf import get_conf
-from ..errors import InvalidInput, ItemNotFound
+from ..errors import InvalidInput, ItemNotFound, WorkerNotFound
 from ..keys import authenticate, parse_authorization
 from ..models import Queue
 from ..status import Status
 from ..timeutil import now as utcnow
 from ..timeutil import to_wire
+from ..work import registry
 from . import loop_posts
 from . import params as params_
 from .auth import principal_of, require
@@ -33,6 +34,7 @@ from .schema import (
     AUTH_ERRORS,
     ITEM_ERRORS,
     QUEUE_ERRORS,
+    WORKER_ERRORS,
     annotate,
     cursor_param,
     documented,
@@ -44,6 +46,7 @@ from .schema import (
     status_param,
     thread_filter_param,
     wait_param,
+    worker_param,
 )
 
 
@@ -379,6 +382,121 @@ class RestartView(ApiView):
         return Response(
             engine.item_json(row, payload=record.get("payload"), result=record.get("result"))
         )
+
+
+class CancelView(ApiView):
+    @documented(
+        "cancelItem",
+        summary="Cancel a pending or processing item",
+        scopes=("produce", "manage"),
+        parameters=[item_param()],
+        request="Cancel",
+        responses={200: "Item"},
+        errors=merge_errors(ITEM_ERRORS, {400: ["invalid_reason"], 409: ["terminal"]}),
+        body=True,
+    )
+    def post(self, request: Request, item_id: str) -> Response:
+        """Section 8.2: it fails now with ``cancelled``; a socket holding it, in any server
+        process, is told to stop; its later result, fail, extend or progress is refused."""
+        params_.item_id(item_id)
+        require_item(request, item_id, "produce", "manage")
+        body = contract.validate(contract.CANCEL, request.data or {})
+        engine.cancel(item_id=item_id, reason=body.get("reason"))
+        row, record = engine.get_item(item_id=item_id)
+        return Response(
+            engine.item_json(row, payload=record.get("payload"), result=record.get("result"))
+        )
+
+
+class AttemptsView(ApiView):
+    @documented(
+        "getAttempts",
+        summary="An item's attempts, oldest first",
+        scopes=("produce", "manage"),
+        parameters=[item_param()],
+        responses={200: "Attempts"},
+        errors=ITEM_ERRORS,
+    )
+    def get(self, request: Request, item_id: str) -> Response:
+        params_.item_id(item_id)
+        require_item(request, item_id, "produce", "manage")
+        story, omitted = engine.attempts(item_id=item_id)
+        return Response({"attempts": story, "omitted": omitted})
+
+
+class ProgressView(ApiView):
+    @documented(
+        "reportProgress",
+        summary="Report progress (needs the lease; does not extend it)",
+        scopes=("work",),
+        parameters=[item_param()],
+        request="Progress",
+        responses={200: "Progressed"},
+        errors=merge_errors(ITEM_ERRORS, {400: ["invalid_lease"]}),
+        body=True,
+    )
+    def post(self, request: Request, item_id: str) -> Response:
+        params_.item_id(item_id)
+        require_item(request, item_id, "work")
+        body = contract.validate(contract.PROGRESS, request.data)
+        accepted, _row = engine.report_progress(
+            item_id=item_id, lease=body["lease"], progress=body["progress"]
+        )
+        return Response({"accepted": accepted})
+
+
+def _worker_id(worker_id: str) -> str:
+    if not registry.is_socket_id(worker_id):
+        raise InvalidInput("a worker id is 16 hexadecimal digits", code="invalid_worker_id")
+    return worker_id
+
+
+class WorkerListView(ApiView):
+    @documented(
+        "listWorkers",
+        summary="Every connected worker socket, of every server process",
+        scopes=("manage",),
+        responses={200: "WorkerList"},
+    )
+    def get(self, request: Request) -> Response:
+        principal = require(request, "manage")
+        return Response({"workers": [registry.wire(w) for w in registry.workers(principal.queues)]})
+
+
+class WorkerDrainView(ApiView):
+    @documented(
+        "drainWorker",
+        summary="Drain a worker: nothing more is pushed to it",
+        scopes=("manage",),
+        parameters=[worker_param()],
+        responses={200: "Worker"},
+        errors=WORKER_ERRORS,
+    )
+    def post(self, request: Request, worker_id: str) -> Response:
+        principal = require(request, "manage")
+        found = registry.worker(_worker_id(worker_id), principal.queues)
+        if found is None:
+            raise WorkerNotFound(f"no connected worker {worker_id!r}")
+        (drained,) = registry.drain([found])
+        return Response(registry.wire(drained))
+
+
+class WorkersDrainView(ApiView):
+    @documented(
+        "drainWorkers",
+        summary="Drain every worker whose name starts with a prefix (a deploy)",
+        scopes=("manage",),
+        request="DrainWorkers",
+        responses={200: "WorkerList"},
+        errors={400: ["invalid_name_prefix"]},
+        body=True,
+    )
+    def post(self, request: Request) -> Response:
+        principal = require(request, "manage")
+        body = contract.validate(contract.DRAIN_WORKERS, request.data)
+        prefix = body["namePrefix"]
+        chosen = [w for w in registry.workers(principal.queues) if w.name.startswith(prefix)]
+        return Response({"workers": [registry.wire(w) for w in registry.drain(chosen)]})
 
 
 class ResultView(ApiView):

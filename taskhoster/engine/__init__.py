@@ -13,6 +13,7 @@ from .committer import start as start_committer
 from .flow import Held, held_by_queue, held_for, next_due
 from .flow import put_queue as upsert_queue
 from .ops import (
+    Cancel,
     Claim,
     Claimed,
     Extend,
@@ -20,6 +21,7 @@ from .ops import (
     NewItem,
     Op,
     Posted,
+    Progress,
     Release,
     Requeue,
     Result,
@@ -36,6 +38,7 @@ from .queues import (
     validate_queue_name,
 )
 from .reading import (
+    attempts,
     counts_by_queue,
     get_item,
     get_row,
@@ -49,7 +52,7 @@ from .reading import (
 )
 from .removal import QUEUE_DELETED, delete_by_status, delete_queue, reclaim_deleted_queues
 from .repair import RepairReport, rebuild_threads, repair
-from .rules import LEASE_EXPIRED, TIMEOUT, WORKER_DISCONNECTED, Clock, ItemRow
+from .rules import CANCELLED, LEASE_EXPIRED, TIMEOUT, WORKER_DISCONNECTED, Clock, ItemRow, Outcome
 from .tally import OPENS
 from .threads import (
     ThreadView,
@@ -62,6 +65,7 @@ from .threads import (
 from .transitions import (
     admit_post,
     apply_clock,
+    cancel,
     check_schedule,
     claim,
     delete_if_retained,
@@ -74,6 +78,7 @@ from .transitions import (
     post_items,
     post_items_soon,
     release_unsent,
+    report_progress,
     requeue_held,
     requeue_if_lapsed,
     restart,
@@ -83,6 +88,7 @@ from .transitions import (
 from .wire import item_json, new_items
 
 __all__ = [
+    "CANCELLED",
     "LEASE_EXPIRED",
     "MAX_LIMIT",
     "OPENS",
@@ -91,6 +97,7 @@ __all__ = [
     "TIMEOUT",
     "WIRE_TO_FIELD",
     "WORKER_DISCONNECTED",
+    "Cancel",
     "Claim",
     "Claimed",
     "Clock",
@@ -100,7 +107,9 @@ __all__ = [
     "ItemRow",
     "NewItem",
     "Op",
+    "Outcome",
     "Posted",
+    "Progress",
     "QueueSetting",
     "Release",
     "RepairReport",
@@ -111,7 +120,9 @@ __all__ = [
     "Verdict",
     "admit_post",
     "apply_clock",
+    "attempts",
     "backlog",
+    "cancel",
     "check_schedule",
     "claim",
     "clean_settings",
@@ -149,6 +160,7 @@ __all__ = [
     "reclaim_deleted_queues",
     "release_unsent",
     "repair",
+    "report_progress",
     "requeue_held",
     "requeue_if_lapsed",
     "restart",

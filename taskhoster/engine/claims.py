@@ -80,6 +80,11 @@ class Claims:
                 self.tally.exhausted.add(name)
             for op in ops:
                 share, taken = taken[: op.max_items], taken[op.max_items :]
+                for claimed, holder in zip(share, op.holders, strict=False):
+                    # Written with the claims, below (a row written already is written
+                    # again for this column alone; one in ``to_write`` twice, once).
+                    claimed.row.set(claimed_by=holder)
+                    self.to_write.append(claimed.row)
                 answers[id(op)] = (True, share)
                 self.tally.count(name, "claim_attempts")
         sql.update_rows(self.to_write)

@@ -43,6 +43,7 @@ from . import rows as sql
 from . import rules
 from .claims import Claims
 from .ops import (
+    Cancel,
     Claim,
     Delete,
     Extend,
@@ -52,6 +53,7 @@ from .ops import (
     Op,
     Post,
     Posted,
+    Progress,
     Reclaim,
     Release,
     Requeue,
@@ -269,6 +271,10 @@ class Group:
             return self.restart(op)
         if isinstance(op, MarkFetched):
             return self.mark_fetched(op)
+        if isinstance(op, Cancel):
+            return self.cancel(op)
+        if isinstance(op, Progress):
+            return self.progress(op)
         raise TypeError(f"unknown operation {op!r}")
 
     def _row(self, item_id: str) -> ItemRow | None:
@@ -315,6 +321,17 @@ class Group:
         )
         self._apply(row, decision)
         return isinstance(decision, Move), row
+
+    def progress(self, op: Progress) -> tuple[bool, ItemRow]:
+        row = self._found(op.item_id)
+        decision = rules.progress(row, lease=op.lease, value=op.progress, at=self.at)
+        self._apply(row, decision)
+        return isinstance(decision, Move), row
+
+    def cancel(self, op: Cancel) -> ItemRow:
+        row = self._found(op.item_id)
+        self._apply(row, rules.cancel(row, reason=op.reason, at=self.at))
+        return row
 
     def requeue_held(self, op: Requeue) -> Verdict:
         row = self._row(op.item_id)

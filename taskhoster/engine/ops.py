@@ -118,6 +118,9 @@ class Claim(Op[list[Claimed]]):
 
     queue_name: str
     max_items: int
+    # Who gets each item, in order (the sockets' names, for the attempts' stories); an item
+    # past them goes to ``http`` (a REST claim).
+    holders: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:
@@ -166,6 +169,21 @@ class Extend(OneItemOp[tuple[bool, ItemRow]]):
 
     lease: str | None
     seconds: float | None = None
+
+
+@dataclass(eq=False)
+class Progress(OneItemOp[tuple[bool, ItemRow]]):
+    """Section 8.2: the holder's latest progress, kept while it is processing."""
+
+    lease: str | None
+    progress: Any
+
+
+@dataclass(eq=False)
+class Cancel(OneItemOp[ItemRow]):
+    """Section 8.2: a pending or processing item fails now, ``cancelled``."""
+
+    reason: str | None = None
 
 
 @dataclass(eq=False)

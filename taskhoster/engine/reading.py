@@ -18,6 +18,7 @@ from ..errors import ItemNotFound
 from ..models import Item, Queue, QueueCount
 from ..status import Status
 from ..store import FileMissing, Record
+from ..timeutil import to_wire
 from . import rows as sql
 from .common import store
 from .rules import ItemRow
@@ -76,6 +77,43 @@ def get_item(*, item_id: str, producer_read: bool = False) -> tuple[ItemRow, Rec
     if producer_read and row.is_terminal and row.fetched_at is None:
         row.fetched_at = mark_fetched(item_id=item_id)
     return row, record
+
+
+ATTEMPTS_FIRST = 10  # an item's story shows its first attempts,
+ATTEMPTS_LAST = 40  # and its latest, with a count of those left out between
+
+
+def attempts(*, item_id: str) -> tuple[list[dict[str, Any]], int]:
+    """Section 8.2: the item's attempts, oldest first, and how many were left out between
+    its first ``ATTEMPTS_FIRST`` and its last ``ATTEMPTS_LAST``.
+
+    Each ended attempt is told by the line its ending wrote to the item's file (``ended``:
+    durable with that line, so with every acknowledged outcome); the running one by the
+    item's row. A claim writes nothing durable of its own.
+    """
+    row = get_row(item_id)
+    if row is None:
+        raise ItemNotFound(f"item {item_id!r} does not exist")
+    try:
+        lines = store().read_lines(row.queue_name, row.id, Status(row.status).state)
+    except FileMissing:
+        raise ItemNotFound(f"item {item_id!r} does not exist") from None
+    story = [line["ended"] for line in lines if isinstance(line.get("ended"), dict)]
+    if row.status is Status.PROCESSING:
+        story.append(
+            {
+                "attempt": row.attempts,
+                "claimedAt": to_wire(row.claimed_at),
+                "worker": row.claimed_by,
+                "endedAt": None,
+                "outcome": None,
+                "error": None,
+            }
+        )
+    omitted = max(0, len(story) - ATTEMPTS_FIRST - ATTEMPTS_LAST)
+    if omitted:
+        story = story[:ATTEMPTS_FIRST] + story[-ATTEMPTS_LAST:]
+    return story, omitted
 
 
 def wait_for_verdict(*, item_id: str, wait: float) -> None:

@@ -268,9 +268,15 @@ def _fields_from_record(
         "error": record.get("error"),
         "origin": record.get("origin"),
         "dead_letter": record.get("deadLetter"),
+        "cancel_reason": _reason(record.get("cancelReason")),
         "rev": int(record.get("rev", 1)),
         "updated_at": at,
     }
+
+
+def _reason(value: Any) -> str | None:
+    """A cancel's reason as the row holds it (a string of at most 500 characters)."""
+    return value[:500] if isinstance(value, str) else None
 
 
 def _drop_rows_without_files(

@@ -51,7 +51,11 @@ COLUMNS = (
     "rev",
     "updated_at",
     "priority",
+    "claimed_by",
+    "progress",
+    "cancel_reason",
 )
+JSON_COLUMNS = frozenset({"origin", "progress"})
 TIME_COLUMNS = frozenset(
     {
         "scheduled_at",
@@ -200,6 +204,9 @@ def _row(values: Sequence[Any], queue_name: str = "") -> ItemRow:
         rev,
         updated_at,
         priority,
+        claimed_by,
+        progress,
+        cancel_reason,
     ) = values
     return ItemRow(
         id=item_id,
@@ -223,6 +230,9 @@ def _row(values: Sequence[Any], queue_name: str = "") -> ItemRow:
         rev=rev,
         updated_at=read_time(updated_at),  # type: ignore[arg-type]
         priority=priority,
+        claimed_by=claimed_by,
+        progress=read_json(progress),
+        cancel_reason=cancel_reason,
         queue_name=queue_name,
     )
 
@@ -231,7 +241,7 @@ def _value(row: ItemRow, column: str) -> Any:
     value = getattr(row, column)
     if column in TIME_COLUMNS:
         return adapt_time(value)
-    if column == "origin":
+    if column in JSON_COLUMNS:
         return adapt_json(value)
     return value
 
@@ -554,7 +564,7 @@ def insert_rows(rows: Sequence[ItemRow]) -> None:
         return
     columns = ", ".join(f'"{c}"' for c in COLUMNS)
     json_mark = dialect().json_mark
-    marks = ", ".join(json_mark if c == "origin" else "%s" for c in COLUMNS)
+    marks = ", ".join(json_mark if c in JSON_COLUMNS else "%s" for c in COLUMNS)
     with connection.cursor() as cursor:
         cursor.executemany(
             f"INSERT INTO {ITEM} ({columns}) VALUES ({marks})",

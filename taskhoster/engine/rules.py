@@ -32,6 +32,20 @@ from ..timeutil import to_wire
 LEASE_EXPIRED = "lease expired"
 WORKER_DISCONNECTED = "worker disconnected"
 TIMEOUT = "timeout"
+CANCELLED = "cancelled"
+HTTP_WORKER = "http"  # the holder of a claim made over REST (an attempt's ``worker``)
+
+
+class Outcome(StrEnum):
+    """How an attempt ended (section 8.2, ``GET /api/items/{id}/attempts``)."""
+
+    RESULT = "result"
+    FAIL = "fail"
+    LAPSED = "lapsed"
+    DROPPED = "dropped"
+    CANCELLED = "cancelled"
+    DELETED = "deleted"
+    TIMEOUT = "timeout"
 
 
 class Clock(StrEnum):
@@ -74,6 +88,9 @@ class ItemRow:
     rev: int
     updated_at: datetime
     priority: int = 0
+    claimed_by: str | None = None
+    progress: Any = None
+    cancel_reason: str | None = None
     queue_name: str = ""
     dirty: set[str] = field(default_factory=set)
 
@@ -166,6 +183,7 @@ class Kind(Enum):
     CLAIM = "claim"
     EXTEND = "extend"
     FETCHED = "fetched"
+    PROGRESS = "progress"
 
 
 class ThreadEffect(Enum):
@@ -327,6 +345,27 @@ def holds(row: ItemRow, lease: str | None) -> bool:
     return bool(lease) and row.status is Status.PROCESSING and row.lease == lease
 
 
+def ended(row: ItemRow, outcome: Outcome, *, error: str | None, at: datetime) -> dict[str, Any]:
+    """The story of the attempt ``row`` is in, ended now (section 8.2): it rides on the line
+    its ending writes to the item's file, so a claim itself writes nothing durable."""
+    return {
+        "attempt": row.attempts,
+        "claimedAt": to_wire(row.claimed_at),
+        "worker": row.claimed_by,
+        "endedAt": to_wire(at),
+        "outcome": outcome.value,
+        "error": error,
+    }
+
+
+def with_ended(move: Move, row: ItemRow, outcome: Outcome, *, at: datetime) -> Move:
+    """``move`` ending the attempt of a processing ``row``: its line tells how (``ended``)."""
+    if row.status is not Status.PROCESSING or move.patch is None:
+        return move
+    entry = ended(row, outcome, error=move.changes.get("error"), at=at)
+    return replace(move, patch={**move.patch, "ended": entry})
+
+
 # -- the rules ------------------------------------------------------------------------------------
 
 
@@ -335,7 +374,8 @@ def result(row: ItemRow, *, value: Any, at: datetime) -> Move | Keep:
     changes nothing."""
     if row.is_terminal:
         return Keep()
-    return verdict(row, Status.FINISHED, error=None, result=value, at=at)
+    move = verdict(row, Status.FINISHED, error=None, result=value, at=at)
+    return with_ended(move, row, Outcome.RESULT, at=at)
 
 
 def fail(
@@ -354,8 +394,10 @@ def fail(
     cause = error or "failed"
     if retry and not attempts_exhausted(queue, row.attempts):
         delay = backoff_delay(queue, row.attempts)
-        return requeue(row, scheduled_at=at + timedelta(seconds=delay), error=cause, at=at)
-    return die(row, error=cause, at=at)
+        move = requeue(row, scheduled_at=at + timedelta(seconds=delay), error=cause, at=at)
+    else:
+        move = die(row, error=cause, at=at)
+    return with_ended(move, row, Outcome.FAIL, at=at)
 
 
 def extend(
@@ -380,8 +422,10 @@ def drop(row: ItemRow, queue: QueueInfo, *, lease: str, cause: str, at: datetime
     if row.status is not Status.PROCESSING or row.lease != lease:
         return Keep()
     if attempts_exhausted(queue, row.attempts):
-        return die(row, error=cause, at=at)
-    return requeue(row, scheduled_at=row.scheduled_at, error=cause, at=at)
+        move = die(row, error=cause, at=at)
+    else:
+        move = requeue(row, scheduled_at=row.scheduled_at, error=cause, at=at)
+    return with_ended(move, row, Outcome.DROPPED, at=at)
 
 
 def release(row: ItemRow, *, lease: str, at: datetime) -> Move | Keep:
@@ -398,6 +442,7 @@ def release(row: ItemRow, *, lease: str, at: datetime) -> Move | Keep:
             "lease": None,
             "lease_expires_at": None,
             "claimed_at": None,
+            "claimed_by": None,
             "updated_at": at,
         },
         thread=ThreadEffect.FREE,
@@ -411,8 +456,10 @@ def lapse(row: ItemRow, queue: QueueInfo, *, at: datetime) -> Move | Keep:
     if row.lease_expires_at > at:
         return Keep()
     if attempts_exhausted(queue, row.attempts):
-        return die(row, error=LEASE_EXPIRED, at=at)
-    return requeue(row, scheduled_at=row.scheduled_at, error=LEASE_EXPIRED, at=at)
+        move = die(row, error=LEASE_EXPIRED, at=at)
+    else:
+        move = requeue(row, scheduled_at=row.scheduled_at, error=LEASE_EXPIRED, at=at)
+    return with_ended(move, row, Outcome.LAPSED, at=at)
 
 
 def time_out(row: ItemRow, queue: QueueInfo, *, at: datetime) -> Move | Keep:
@@ -422,7 +469,40 @@ def time_out(row: ItemRow, queue: QueueInfo, *, at: datetime) -> Move | Keep:
         return Keep()
     move = verdict(row, Status.FAILED, error=TIMEOUT, at=at)
     news = move.news + (("removed:" + TIMEOUT,) if row.status is Status.PROCESSING else ())
-    return replace(move, counters=(*move.counters, "timeouts"), news=news)
+    move = replace(move, counters=(*move.counters, "timeouts"), news=news)
+    return with_ended(move, row, Outcome.TIMEOUT, at=at)
+
+
+def cancel(row: ItemRow, *, reason: str | None, at: datetime) -> Move | Refuse:
+    """Section 8.2: a pending or processing item fails now with ``cancelled`` (no
+    dead-letter copy, its thread advances); a worker holding it is told to stop. A
+    terminal item cannot be cancelled."""
+    if row.is_terminal:
+        return Refuse(
+            Conflict(
+                f"only a pending or processing item can be cancelled; this one is {row.status}",
+                code="terminal",
+            )
+        )
+    move = verdict(row, Status.FAILED, error=CANCELLED, at=at)
+    assert move.patch is not None
+    news = move.news + (("removed:" + CANCELLED,) if row.status is Status.PROCESSING else ())
+    move = replace(
+        move,
+        changes={**move.changes, "cancel_reason": reason},
+        patch={**move.patch, "cancelReason": reason},
+        counters=(*move.counters, "cancels"),
+        news=news,
+    )
+    return with_ended(move, row, Outcome.CANCELLED, at=at)
+
+
+def progress(row: ItemRow, *, lease: str | None, value: Any, at: datetime) -> Move | Keep:
+    """Section 8.2: the holder reports progress; the item keeps the latest value while it
+    is processing. It does not extend the lease; a stale lease changes nothing."""
+    if not holds(row, lease):
+        return Keep()
+    return Move(Kind.PROGRESS, row.status, changes={"progress": value})
 
 
 def retain(row: ItemRow, queue: QueueInfo, *, at: datetime) -> Remove | Keep:
@@ -480,6 +560,9 @@ def restart(row: ItemRow, *, seq: str, at: datetime) -> Move | Refuse:
             "lease": None,
             "lease_expires_at": None,
             "claimed_at": None,
+            "claimed_by": None,
+            "progress": None,
+            "cancel_reason": None,
             "rev": row.rev + 1,
             "updated_at": at,
         },
@@ -487,6 +570,7 @@ def restart(row: ItemRow, *, seq: str, at: datetime) -> Move | Refuse:
             "rev": row.rev + 1,
             "status": Status.PENDING.value,
             "attempts": 0,
+            "cancelReason": None,
             "postedAt": to_wire(at),
             "scheduledAt": to_wire(at),
             "seq": seq,
@@ -507,9 +591,13 @@ def fetched(row: ItemRow, *, at: datetime) -> Move | Keep:
     return Move(Kind.FETCHED, row.status, changes={"fetched_at": at})
 
 
-def claim(row: ItemRow, queue: QueueInfo, *, lease: str, at: datetime) -> Move:
+def claim(
+    row: ItemRow, queue: QueueInfo, *, lease: str, at: datetime, holder: str = HTTP_WORKER
+) -> Move:
     """Rule 2: a claimable item is taken under a new lease of ``leaseSeconds``, one more
-    attempt counted (the file moves to ``processing/`` without a line)."""
+    attempt counted (the file moves to ``processing/`` without a line). ``holder``: who
+    gets it (a socket's name, or ``http``), for the attempt's story; the progress of an
+    earlier attempt is cleared."""
     return Move(
         Kind.CLAIM,
         Status.PROCESSING,
@@ -519,6 +607,8 @@ def claim(row: ItemRow, queue: QueueInfo, *, lease: str, at: datetime) -> Move:
             "lease": lease,
             "lease_expires_at": at + timedelta(seconds=queue.lease_seconds),
             "claimed_at": at,
+            "claimed_by": holder,
+            "progress": None,
             "updated_at": at,
         },
     )

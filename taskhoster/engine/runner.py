@@ -46,7 +46,7 @@ from ..osthread import name_os_thread
 from . import pacing, reclaim
 from .common import store
 from .group import Group
-from .ops import Claim, Extend, MarkFetched, Op, Reclaim, Release, Resettle
+from .ops import Claim, Extend, MarkFetched, Op, Progress, Reclaim, Release, Resettle
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +57,10 @@ COUNT_SHARDS = 16
 
 
 # Operations answered at the commit: they need nothing durable (a claim may be repeated
-# after a crash: at-least-once; a lease extension or a first fetch only shortens a clock; the
+# after a crash: at-least-once; a lease extension or a first fetch only shortens a clock, and
+# progress is kept only while the attempt lasts; the
 # rows of a deleted queue are reclaimed again if a crash brings them back).
-ANSWERED_AT_COMMIT = (Claim, Extend, MarkFetched, Release, Reclaim, Resettle)
+ANSWERED_AT_COMMIT = (Claim, Extend, MarkFetched, Progress, Release, Reclaim, Resettle)
 
 
 _bound: set[Path] = set()  # state roots whose identity this process has checked

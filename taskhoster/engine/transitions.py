@@ -19,6 +19,7 @@ from ..timeutil import now as utcnow
 from .admission import overloaded
 from .committer import execute, submit_async
 from .ops import (
+    Cancel,
     Claim,
     Claimed,
     Delete,
@@ -27,6 +28,7 @@ from .ops import (
     MarkFetched,
     NewItem,
     Posted,
+    Progress,
     Release,
     Requeue,
     Restart,
@@ -108,6 +110,17 @@ def submit_result(*, item_id: str, result: Any, queues: frozenset[str] | None = 
 def fail(*, item_id: str, lease: str | None, error: str | None, retry: bool = True) -> Verdict:
     """Rule 4: the lease holder reports a failure; retry with backoff, or die."""
     return execute(Fail(item_id=item_id, lease=lease, error=error, retry=retry))
+
+
+def cancel(*, item_id: str, reason: str | None = None) -> ItemRow:
+    """Section 8.2: a pending or processing item fails now, ``cancelled`` (``Conflict``
+    for a terminal one); a socket holding it is told to stop, in whichever process."""
+    return execute(Cancel(item_id=item_id, reason=reason))
+
+
+def report_progress(*, item_id: str, lease: str | None, progress: Any) -> tuple[bool, ItemRow]:
+    """Section 8.2: the lease holder's latest progress (the lease is not extended)."""
+    return execute(Progress(item_id=item_id, lease=lease, progress=progress))
 
 
 def requeue_held(*, item_id: str, lease: str, cause: str = WORKER_DISCONNECTED) -> Verdict:

@@ -47,6 +47,9 @@ def item_json(
         out["origin"] = row.origin
     if row.dead_letter is not None:
         out["deadLetter"] = row.dead_letter
+    out["progress"] = row.progress
+    if row.cancel_reason is not None:
+        out["cancelReason"] = row.cancel_reason
     if lease is not None:
         out["lease"] = lease
     return out

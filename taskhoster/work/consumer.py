@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable
@@ -54,6 +55,7 @@ from ..faults import fault, raise_if_armed
 from ..ids import is_valid_id
 from ..keys import Principal, authenticate, parse_authorization
 from ..status import TERMINAL_STATUSES
+from ..timeutil import now as utcnow
 from ..timeutil import to_wire
 from .dispatcher import Dispatcher, get_dispatcher, run_sync
 
@@ -112,6 +114,11 @@ class WorkConsumer(AsyncWebsocketConsumer):
         # Items this socket was told to cancel: a result for one of them is acked
         # accepted: false (rule 9), not answered with an error for an unknown id.
         self.cancelled: deque[str] = deque(maxlen=1000)
+        # Section 8.2: the socket as ``GET /api/workers`` lists it.
+        self.socket_id = secrets.token_hex(8)
+        self.name = f"socket-{self.socket_id}"  # until ``subscribe`` names it
+        self.connected_at = self.last_seen_at = utcnow()
+        self.draining = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """Run the consumer; whatever ends it, ``_end`` runs once before it returns.
@@ -227,6 +234,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.principal is None or self.ending is not None:
             return
+        self.last_seen_at = utcnow()
         message: dict[str, Any] = {}
         try:
             message = self._parse(text_data, bytes_data)
@@ -322,6 +330,8 @@ class WorkConsumer(AsyncWebsocketConsumer):
         if self.closed:
             return
         self.queues, self.capacity = unique, capacity
+        if message.get("name"):
+            self.name = message["name"]
         assert self.dispatcher is not None
         self.dispatcher.register(self)
 
@@ -429,6 +439,35 @@ class WorkConsumer(AsyncWebsocketConsumer):
             "accepted": accepted,
             "leaseExpiresAt": to_wire(row.lease_expires_at) if accepted else None,
         }
+
+    def _on_progress(self, message: dict[str, Any]) -> Answer:
+        item_id = message["id"]
+        holding = self.held.get(item_id)
+        if holding is None or self._stale(message, holding):
+            return _now({"type": "ack", "id": item_id, "accepted": False})
+        reported = asyncio.ensure_future(
+            engine.execute_async(
+                engine.Progress(item_id=item_id, lease=holding.lease, progress=message["progress"])
+            )
+        )
+        return self._progress_ack(item_id, reported)
+
+    async def _progress_ack(
+        self, item_id: str, reported: Awaitable[tuple[bool, engine.ItemRow]]
+    ) -> dict[str, Any]:
+        try:
+            accepted, _row = await reported
+        except ItemNotFound:
+            accepted = False  # deleted meanwhile
+        return {"type": "ack", "id": item_id, "accepted": accepted}
+
+    async def drain(self) -> None:
+        """Section 8.2: nothing more is pushed to this socket; it is told so, and keeps what
+        it holds until it answers (a worker then closes)."""
+        if self.draining or self.closed:
+            return
+        self.draining = True
+        await self._send({"type": "drain"})
 
     def _slot_freed(self) -> None:
         if self.dispatcher is not None and not self.closed:

@@ -41,6 +41,7 @@ from ..faults import fault
 from ..keys import KEY_REVOKED, live_key_ids
 from ..osthread import name_os_thread
 from ..timeutil import parse_wire
+from . import registry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -71,6 +72,8 @@ class Worker(Protocol):
 
     queues: list[str]
     capacity: int
+    name: str
+    draining: bool
     held: dict[str, Any]
     held_bytes: int
     reserved: int
@@ -99,6 +102,7 @@ class Dispatcher:
         self.backstop: asyncio.Task[None] | None = None
         self.reporter: asyncio.Task[None] | None = None
         self.tick = 0.0
+        self.publisher = registry.Publisher()
 
     def start(self) -> None:
         events.subscribe(self._local_news)
@@ -144,6 +148,11 @@ class Dispatcher:
                         worker.held.pop(held_id, None)
                         self.loop.create_task(worker.cancel(held_id, "deleted"))
                 self.wake_worker(worker)
+        elif kind == registry.DRAIN:
+            # ``item_id`` carries the socket's id (section 8.2): it takes nothing more.
+            for socket in list(self.sockets):
+                if socket.socket_id == item_id:
+                    self.loop.create_task(socket.drain())
         elif kind.startswith("removed:"):
             reason = kind.split(":", 1)[1]
             for worker in list(self.workers):
@@ -213,7 +222,7 @@ class Dispatcher:
 
     @staticmethod
     def _free(worker: Worker) -> int:
-        if worker.closed:
+        if worker.closed or worker.draining:
             return 0
         if worker.held and worker.held_bytes >= get_conf().max_socket_held_bytes:
             return 0  # it has that much left to read: nothing more until it answers
@@ -249,8 +258,13 @@ class Dispatcher:
                 return
             if fault("dispatch.slow_claim"):
                 await asyncio.sleep(1.0)
+            # Each item is for one slot, in order: its holder's name goes into the attempt's
+            # story with the claim (``_deal`` hands each to the socket it was claimed for).
+            slots = [w for w, share in shares.items() for _ in range(share)]
             try:
-                op = engine.Claim(queue_name=queue, max_items=total)
+                op = engine.Claim(
+                    queue_name=queue, max_items=total, holders=tuple(w.name for w in slots)
+                )
                 claimed = await engine.execute_async(op)
                 # This process's news delivered up to the claim's answer came from groups no
                 # later than the claim's (``Op.generation``).
@@ -265,7 +279,7 @@ class Dispatcher:
             finally:
                 for worker, share in shares.items():
                     worker.reserved -= share
-            await self._deal(claimed, list(shares))
+            await self._deal(claimed, slots)
             if not claimed and self.claiming.get(queue) == 1:
                 await self._arm_timer(queue)
             again = len(claimed) == total  # there may be more for other free slots
@@ -280,25 +294,23 @@ class Dispatcher:
         for name in sorted(looked_at):
             self.wake(name)
 
-    async def _deal(self, claimed: list[engine.Claimed], workers: list[Worker]) -> None:
-        """Hand the items out one at a time, least recently served first, only to sockets
-        still subscribed to the item's queue (a socket may have subscribed anew while the
-        claim was in flight)."""
-        for item in claimed:
+    async def _deal(self, claimed: list[engine.Claimed], slots: list[Worker]) -> None:
+        """Hand each item to the socket it was claimed for (``slots``, least recently
+        served first), if that socket is still open, subscribed to the item's queue (it may
+        have subscribed anew while the claim was in flight) and not drained."""
+        for item, worker in zip(claimed, slots, strict=False):
             placed = False
-            for worker in sorted(workers, key=lambda w: w.last_served):
-                if (
-                    self._free(worker) > 0
-                    and worker in self.workers
-                    and item.row.queue_name in worker.queues
-                ):
-                    worker.last_served = self.loop.time()
-                    placed = await worker.deliver(item)
-                    if placed:
-                        break
+            if (
+                self._free(worker) > 0
+                and worker in self.workers
+                and item.row.queue_name in worker.queues
+            ):
+                worker.last_served = self.loop.time()
+                placed = await worker.deliver(item)
             if not placed:
-                # No socket took it (they closed meanwhile): it never reached a worker, so it
-                # goes back without costing it an attempt.
+                # Its socket did not take it (it closed meanwhile): it never reached a
+                # worker, so it goes back without costing it an attempt, and is claimed
+                # again for whichever socket is free (news of the release).
                 try:
                     await engine.execute_async(
                         engine.Release(item_id=item.row.id, lease=item.row.lease or "")
@@ -372,11 +384,44 @@ class Dispatcher:
                 values[key] = values.get(key, 0.0) + 1
         return values
 
+    def registry_entries(self) -> list[registry.Entry]:
+        """This process's authenticated open sockets, as the registry lists them."""
+        return [
+            registry.Entry(
+                id=s.socket_id,
+                name=s.name,
+                key_id=s.key_id,
+                queues=tuple(s.queues),
+                capacity=s.capacity,
+                held=tuple(sorted(s.held)),
+                draining=s.draining,
+                connected_at=s.connected_at,
+                last_seen_at=s.last_seen_at,
+            )
+            for s in list(self.sockets)
+            if s.key_id is not None and not s.closed
+        ]
+
+    async def _publish_registry(self) -> None:
+        entries = self.registry_entries()
+        if entries:
+            registry.forget_at_exit()
+        try:
+            draining = await run_sync(self.publisher.publish, entries, time.monotonic())
+        except Exception as exc:
+            log.warning("could not publish this process's workers: %s", exc)
+            return
+        # A drain whose news was lost reaches its socket here.
+        for socket in list(self.sockets):
+            if socket.socket_id in draining and not socket.draining:
+                self.loop.create_task(socket.drain())
+
     async def _report(self) -> None:
         last: dict[tuple[str, str], float] | None = None
         published = 0.0
         while True:
             await asyncio.sleep(GAUGE_INTERVAL)
+            await self._publish_registry()
             values = self.gauges()
             if values == last and time.monotonic() - published < GAUGE_HEARTBEAT:
                 continue

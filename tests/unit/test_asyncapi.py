@@ -23,7 +23,18 @@ from taskhoster.asyncapi import build_document
 from taskhoster.errors import TaskhosterError
 from tests.integration.wsclient import check_frame, sent_message_validators
 
-FRAME_TYPES = {"subscribe", "result", "fail", "extend", "item", "ack", "cancel", "error"}
+FRAME_TYPES = {
+    "subscribe",
+    "result",
+    "fail",
+    "extend",
+    "progress",
+    "item",
+    "ack",
+    "cancel",
+    "drain",
+    "error",
+}
 ITEM_ID = "0641f3a0c2b1d4e5f6a7b8"
 
 
@@ -53,7 +64,7 @@ def schema_errors(document: dict[str, Any], kind: str, frame: Any) -> list[str]:
 # -- the document's shape -----------------------------------------------------------------------
 
 
-def test_document_is_asyncapi_3_with_the_work_channel_and_all_eight_frames(document) -> None:
+def test_document_is_asyncapi_3_with_the_work_channel_and_all_ten_frames(document) -> None:
     assert document["asyncapi"] == "3.0.0"
     assert document["info"]["title"]
     assert document["info"]["version"]
@@ -78,7 +89,7 @@ def test_operations_receive_the_contract_frames_and_send_the_server_frames(docum
             assert ref["$ref"].startswith("#/channels/work/messages/")
             actions[operation["action"]].add(follow(document, ref)["name"])
     assert actions["receive"] == set(contract.FRAMES)
-    assert actions["send"] == {"item", "ack", "cancel", "error"}
+    assert actions["send"] == {"item", "ack", "cancel", "drain", "error"}
     replies = {
         follow(document, ref)["name"]
         for ref in document["operations"]["receiveResult"]["reply"]["messages"]
@@ -203,6 +214,7 @@ def good_server_frames() -> dict[str, dict[str, Any]]:
             "error": "lease expired",
             "key": None,
             "origin": {"queue": "src", "id": ITEM_ID, "error": "boom", "attempts": 3},
+            "progress": None,
             "lease": "abc",
         },
         "ack": {"type": "ack", "id": ITEM_ID, "accepted": False},
@@ -269,7 +281,7 @@ def test_the_check_names_the_frame_and_the_schema_error() -> None:
 
 
 def test_the_check_reads_the_servers_messages_from_the_document(document) -> None:
-    assert set(sent_message_validators(document)) == {"item", "ack", "cancel", "error"}
+    assert set(sent_message_validators(document)) == {"item", "ack", "cancel", "drain", "error"}
 
 
 # -- serving it -----------------------------------------------------------------------------------
