@@ -53,9 +53,10 @@ COUNTER_HELP = {
     "claim_attempts": "Claim attempts (each may hand out several items, or none).",
     "claims": "Items handed to a worker.",
     "results": "Items finished by a worker's result.",
-    "failures": "Items that died or timed out.",
+    "failures": "Items that died, timed out or were cancelled.",
     "requeues": "Items put back to pending (lease lapse, disconnect, retryable failure).",
     "timeouts": "Items failed by the queue timeout.",
+    "cancels": "Items cancelled (POST /api/items/{id}/cancel, the admin).",
 }
 
 

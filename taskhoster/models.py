@@ -318,6 +318,10 @@ class WorkerSocket(models.Model):
     connected_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
 
+    class Meta:
+        verbose_name = "worker"
+        verbose_name_plural = "workers"
+
     def __str__(self) -> str:
         return f"{self.name} ({self.id})"
 

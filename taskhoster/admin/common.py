@@ -1,6 +1,6 @@
 """Helpers shared by the admin pages: a paginator that never counts a huge table, each queue's
 figures of the last minutes and its flow control at a glance (the queue list and the overview
-show them), links, and times to the second."""
+show them), links, times to the second, and the confirmation page of the item actions."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from urllib.parse import urlencode
 from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -193,3 +195,44 @@ def time_column(field: str) -> Callable[[Any, Any], SafeString | str]:
 
     show.__name__ = field.removesuffix("_at")
     return admin.display(description=field.replace("_", " "), ordering=field)(show)
+
+
+# -- the confirmation page of the item actions ----------------------------------------------
+
+
+def status_counts(queryset: QuerySet[Item]) -> dict[str, int]:
+    rows = queryset.order_by().values("status").annotate(n=Count("id"))
+    return {row["status"]: row["n"] for row in rows}
+
+
+def confirm_page(
+    model_admin: Any,
+    request: HttpRequest,
+    *,
+    action: str,
+    title: str,
+    counts: dict[str, int],
+    ids: list[str] | None,
+    note: str = "",
+    back: str = "",
+    reason_max: int = 0,
+) -> TemplateResponse:
+    """The page an item action shows before it acts: how many items, in which states, and a
+    "Yes, I am sure" that posts the same request again with ``confirm=yes``. ``action``: the
+    list action to post again (with ``ids``), or "" for a view of its own (posted to the
+    same address). ``back``: where "No" goes (the item list by default). ``reason_max``:
+    above 0, an optional reason of at most that many characters is asked for."""
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": title,
+        "opts": model_admin.model._meta,
+        "action": action,
+        "counts": sorted(counts.items()),
+        "total": sum(counts.values()),
+        "ids": ids or [],
+        "note": note,
+        "back": back,
+        "reason_max": reason_max,
+        "query": request.META.get("QUERY_STRING", ""),
+    }
+    return TemplateResponse(request, "admin/taskhoster/item/confirm.html", context)

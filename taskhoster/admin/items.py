@@ -1,5 +1,6 @@
 """Items: a list over the index (never the files), a read-only detail page that reads the
-file, and actions that go through the engine (delete, delete everything matching, restart)."""
+file, and actions that go through the engine (delete, delete everything matching, restart,
+and, from ``inflight``, cancel; the attempts and progress of SPEC section 8.2 are there too)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -21,7 +22,15 @@ from .. import engine
 from ..errors import TaskhosterError
 from ..models import Item, Queue
 from ..timeutil import now as utcnow
-from .common import CappedPaginator, item_link, paginator_for, time_column
+from .common import (
+    CappedPaginator,
+    confirm_page,
+    item_link,
+    paginator_for,
+    status_counts,
+    time_column,
+)
+from .inflight import WorkInFlightAdmin
 
 DELETE_CHUNK = 500
 
@@ -111,11 +120,6 @@ def pretty(value: Any) -> SafeString:
     return format_html('<pre class="th-json">{}</pre>', text)
 
 
-def status_counts(queryset: QuerySet[Item]) -> dict[str, int]:
-    rows = queryset.order_by().values("status").annotate(n=Count("id"))
-    return {row["status"]: row["n"] for row in rows}
-
-
 # The index columns a list reads (no join, no error/origin text).
 LIST_COLUMNS = (
     "id",
@@ -123,18 +127,44 @@ LIST_COLUMNS = (
     "priority",
     "thread_id",
     "attempts",
+    "progress",
     "scheduled_at",
     "posted_at",
     "finished_at",
 )
 
 
+# The detail page's first box: the index row (``claimed_by``, ``progress`` and
+# ``cancel_reason`` are SPEC section 8.2's).
+ROW_FIELDS = (
+    "id",
+    "queue",
+    "status",
+    "priority",
+    "thread_id",
+    "key",
+    "scheduled",
+    "posted",
+    "attempts",
+    "lease_expires",
+    "claimed",
+    "claimed_by",
+    "progress_shown",
+    "finished",
+    "fetched",
+    "error",
+    "cancel_reason",
+    "origin_link",
+    "dead_letter_link",
+)
+
+
 @admin.register(Item)
-class ItemAdmin(admin.ModelAdmin):
+class ItemAdmin(WorkInFlightAdmin):
     list_display = (
         "id",
         "queue_name",
-        "status",
+        "status_column",
         "priority",
         "thread",
         "attempts",
@@ -157,29 +187,14 @@ class ItemAdmin(admin.ModelAdmin):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     list_per_page = 100
-    actions = ["delete_selected_items", "restart_selected_items"]
+    actions = ["delete_selected_items", "restart_selected_items", "cancel_selected_items"]
     change_list_template = "admin/taskhoster/item/change_list.html"
-    fields = (
-        "id",
-        "queue",
-        "status",
-        "priority",
-        "thread_id",
-        "key",
-        "scheduled",
-        "posted",
-        "attempts",
-        "lease_expires",
-        "claimed",
-        "finished",
-        "fetched",
-        "error",
-        "origin_link",
-        "dead_letter_link",
-        "payload",
-        "result",
+    fieldsets = (
+        (None, {"fields": ROW_FIELDS}),
+        ("History: the attempts", {"fields": ("attempt_history",)}),
+        ("Payload and result", {"fields": ("payload", "result")}),
     )
-    readonly_fields = fields
+    readonly_fields = (*ROW_FIELDS, "attempt_history", "payload", "result")
 
     # Read-only: every change goes through the actions below, which call the engine.
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -276,18 +291,9 @@ class ItemAdmin(admin.ModelAdmin):
         ids: list[str] | None,
         note: str = "",
     ) -> TemplateResponse:
-        context = {
-            **self.admin_site.each_context(request),
-            "title": title,
-            "opts": self.model._meta,
-            "action": action,
-            "counts": sorted(counts.items()),
-            "total": sum(counts.values()),
-            "ids": ids or [],
-            "note": note,
-            "query": request.META.get("QUERY_STRING", ""),
-        }
-        return TemplateResponse(request, "admin/taskhoster/item/confirm.html", context)
+        return confirm_page(
+            self, request, action=action, title=title, counts=counts, ids=ids, note=note
+        )
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         extra = {**(extra_context or {}), "can_delete": self.has_engine_delete_permission(request)}

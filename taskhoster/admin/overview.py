@@ -1,6 +1,7 @@
 """The overview page: every queue in one table (with its flow control at a glance: a "paused"
 badge, the limits set), and an inline SVG chart of posts and finishes
-per minute over the last hour (drawn on the server; the page loads nothing from outside).
+per minute over the last hour (drawn on the server; the page loads nothing from outside), and
+how many workers are connected, linked to the workers page (for those who may see it).
 
 Posts per minute count the index rows whose id (microseconds at post, in hex) falls in each
 minute: primary-key ranges, so it stays cheap. Items already deleted are not counted, and a
@@ -23,6 +24,7 @@ from django.utils.safestring import SafeString
 from ..models import Item, Queue
 from ..status import TERMINAL_STATUSES
 from ..timeutil import now as utcnow
+from ..work import registry
 from .common import flow_summary, status_in, with_stats
 
 MINUTES = 60
@@ -111,4 +113,8 @@ def overview_view(request: HttpRequest) -> HttpResponse:
         "posts_total": sum(posts),
         "finishes_total": sum(finishes),
     }
+    if request.user.has_perm("taskhoster.view_workersocket") or request.user.has_perm(
+        "taskhoster.change_workersocket"
+    ):
+        context["workers"] = len(registry.workers())
     return TemplateResponse(request, "admin/taskhoster/overview.html", context)

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from .. import contract
 from ..errors import Overloaded, QueueNotFound
 from ..models import Queue
 from ..timeutil import now as utcnow
@@ -114,7 +115,10 @@ def fail(*, item_id: str, lease: str | None, error: str | None, retry: bool = Tr
 
 def cancel(*, item_id: str, reason: str | None = None) -> ItemRow:
     """Section 8.2: a pending or processing item fails now, ``cancelled`` (``Conflict``
-    for a terminal one); a socket holding it is told to stop, in whichever process."""
+    for a terminal one); a socket holding it is told to stop, in whichever process. The
+    reason is judged as the API judges it (``InvalidInput``)."""
+    if reason is not None:
+        reason = contract.validate(contract.CANCEL, {"reason": reason})["reason"]
     return execute(Cancel(item_id=item_id, reason=reason))
 
 

@@ -89,6 +89,8 @@ class Publisher:
         """Write the sockets that changed, delete those that closed, and (every heartbeat)
         touch this process's row. Returns the ids of this process's sockets marked
         draining in the table (read back at each heartbeat; empty otherwise)."""
+        if not entries and not self.written:
+            return set()  # no socket: nothing to list, no heartbeat needed
         changed = [e for e in entries if not e.same(self.written.get(e.id))]
         live = {e.id for e in entries}
         closed = [i for i in self.written if i not in live]

@@ -62,6 +62,10 @@ def test_every_column_of_the_item_list_is_visible_at_1280_px(
     engine.submit_result(item_id=done.id, result="ok")
     for n in range(5):
         post("q", n)
+    # A worker's progress (SPEC section 8.2), long: a line under the status, cut to it.
+    busy = engine.claim(queue_name="q", max_items=1)[0].row
+    progress = {"step": "resizing the images of the catalogue", "done": 1234, "of": 99999}
+    assert engine.report_progress(item_id=busy.id, lease=busy.lease, progress=progress)[0]
     server = server_factory()
     with chromium(monkeypatch) as browser:
         page = browser.new_page(viewport={"width": 1280, "height": 800})
@@ -99,6 +103,18 @@ def test_every_column_of_the_item_list_is_visible_at_1280_px(
         expect(queue).to_have_count(1)
         thread = page.locator(f'#result_list .th-cut[title="{LONG_THREAD}"]')
         expect(thread).to_have_count(1)
+        # The progress takes its status cell's width, never more.
+        line = page.locator("#result_list td.field-status_column .th-progress-line")
+        expect(line).to_have_count(1)
+        assert (line.get_attribute("title") or "").startswith('progress: {"done":1234')
+        status_cell = page.locator(
+            "#result_list td.field-status_column:has(.th-progress-line)"
+        ).bounding_box()
+        inside = line.bounding_box()
+        assert status_cell is not None
+        assert inside is not None
+        right = status_cell["x"] + status_cell["width"]
+        assert inside["x"] + inside["width"] <= right + 0.5, (inside, status_cell)
 
 
 def test_the_admin_shows_times_to_the_second(

@@ -56,6 +56,10 @@ def failed_item(make_queue: Any) -> Item:
         "/admin/taskhoster/apikey/",
         "/admin/taskhoster/queue/overview/",
         "/admin/taskhoster/item/delete-matching/",
+        "/admin/taskhoster/item/0661a6f9bee88bdba995/cancel/",
+        "/admin/taskhoster/item/0661a6f9bee88bdba995/history/",
+        "/admin/taskhoster/workersocket/",
+        "/admin/taskhoster/workersocket/0123456789abcdef/drain/",
     ],
 )
 def test_anonymous_and_non_staff_see_nothing(url: str) -> None:

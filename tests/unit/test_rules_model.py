@@ -93,6 +93,8 @@ class Sim:
         self.verdicts: dict[tuple[str, str], int] = {}  # (id, seq) -> verdicts made
         self.news: list[tuple[str, str]] = []
         self.starts: list[tuple[datetime, int]] = []  # claims started (rate limit's log)
+        # Each item's ended attempts, from the lines its moves wrote (section 8.2).
+        self.stories: dict[str, list[tuple[int, str, str | None, str | None]]] = {}
 
     def queue(self, row: ItemRow) -> QueueInfo:
         return self.queues[row.queue_id]
@@ -111,6 +113,7 @@ class Sim:
             raise decision.error
         if isinstance(decision, Remove):
             del self.rows[row.id]
+            self.stories.pop(row.id, None)
             if not row.is_terminal:
                 self.effect(row, ThreadEffect.LEAVE)
             return
@@ -128,6 +131,10 @@ class Sim:
                 copy.eligible = True
                 self.copies.append(copy)
                 changes["dead_letter"] = copy.id
+        ended = (decision.patch or {}).get("ended")
+        if ended is not None:
+            entry = (ended["attempt"], ended["outcome"], ended["error"], ended["worker"])
+            self.stories.setdefault(row.id, []).append(entry)
         if decision.kind is rules.Kind.VERDICT:
             key = (row.id, row.seq)
             self.verdicts[key] = self.verdicts.get(key, 0) + 1
@@ -265,6 +272,8 @@ class MItem:
     fetched: datetime | None = None
     dead_letter: bool = False
     old_leases: list[str] = field(default_factory=list)
+    # Section 8.2: each ended attempt (number, outcome, error), oldest first.
+    story: list[tuple[int, str, str | None]] = field(default_factory=list)
 
     @property
     def terminal(self) -> bool:
@@ -360,6 +369,16 @@ class Model:
         item.attempts += 1
         item.lease = lease
         item.expires = at + secs(self.s.lease)
+
+    def ended(self, item: MItem, outcome: str, error: str | None) -> None:
+        """The attempt ``item`` is in (if it is processing) ends, as ``outcome``."""
+        if item.status == "processing":
+            item.story.append((item.attempts, outcome, error))
+
+    def cancel(self, item: MItem, at: datetime) -> None:
+        """Section 8.2: failed now with ``cancelled``, no dead-letter copy."""
+        self.ended(item, "cancelled", "cancelled")
+        self.fail_final(item, "cancelled", at, death=False)
 
     def finish(self, item: MItem, at: datetime) -> None:
         self._unlease(item)
@@ -584,6 +603,7 @@ class RulesMachine(RuleBasedStateMachine):
         decision = rules.result(row, value={"n": index}, at=self.at)
         accepted = not item.terminal
         if accepted:
+            self.model.ended(item, "result", None)
             self.model.finish(item, self.at)
         assert isinstance(decision, Move) is accepted
         self.sim.apply(row, decision, self.at)
@@ -605,6 +625,7 @@ class RulesMachine(RuleBasedStateMachine):
         )
         accepted = item.status == "processing" and lease is not None and lease == item.lease
         if accepted:
+            self.model.ended(item, "fail", "boom")
             if retry:
                 after = self.at + secs(self.model.backoff(item.attempts))
                 self.model.back(item, "boom", self.at, after)
@@ -649,6 +670,7 @@ class RulesMachine(RuleBasedStateMachine):
             row, self.sim.queue(row), lease=lease or "", cause=rules.WORKER_DISCONNECTED, at=self.at
         )
         if item.status == "processing" and lease == item.lease:
+            self.model.ended(item, "dropped", rules.WORKER_DISCONNECTED)
             self.model.back(item, rules.WORKER_DISCONNECTED, self.at, item.scheduled)
         self.sim.apply(row, decision, self.at)
 
@@ -689,10 +711,12 @@ class RulesMachine(RuleBasedStateMachine):
             if which is Clock.LAPSE:
                 due = item.status == "processing" and item.expires is not None
                 if due and item.expires <= self.at:  # type: ignore[operator]
+                    self.model.ended(item, "lapsed", rules.LEASE_EXPIRED)
                     self.model.back(item, rules.LEASE_EXPIRED, self.at, item.scheduled)
                     assert isinstance(decision, Move)
             elif which is Clock.TIMEOUT:
                 if not item.terminal and item.posted + secs(self.model.s.queue) <= self.at:
+                    self.model.ended(item, "timeout", rules.TIMEOUT)
                     self.model.fail_final(item, rules.TIMEOUT, self.at, death=False)
                     assert isinstance(decision, Move)
             else:
@@ -733,6 +757,26 @@ class RulesMachine(RuleBasedStateMachine):
         self.sim.apply(row, decision, self.at)
         self.step()
 
+    # section 8.2: cancel
+    @precondition(lambda self: self.rows())
+    @rule(index=INDEX)
+    def cancel(self, index: int) -> None:
+        row = pick(self.rows(), index)
+        item = self.mitem(row)
+        decision = rules.cancel(row, reason="not wanted", at=self.at)
+        if item.terminal:
+            assert isinstance(decision, Refuse)
+            assert decision.error.code == "terminal"
+            return
+        held = item.status == "processing"
+        self.model.cancel(item, self.at)
+        assert isinstance(decision, Move)
+        assert ("removed:cancelled" in decision.news) is held, "its holder is told"
+        assert not decision.dead_letter
+        self.sim.apply(row, decision, self.at)
+        assert row.cancel_reason == "not wanted"
+        self.step()
+
     # rule 10
     @precondition(lambda self: self.rows())
     @rule(index=INDEX)
@@ -767,6 +811,17 @@ class RulesMachine(RuleBasedStateMachine):
             assert row.lease_expires_at == item.expires, item_id
             assert row.fetched_at == item.fetched, item_id
             assert (row.dead_letter is not None) == item.dead_letter, item_id
+
+    @invariant()
+    def attempt_stories_match_the_model(self) -> None:
+        """Section 8.2: each attempt's ending rides on the line it writes, and says how it
+        ended; a release (never reached a worker) and a claim write none."""
+        if not hasattr(self, "sim"):
+            return
+        for item_id, item in self.model.items.items():
+            got = self.sim.stories.get(item_id, [])
+            assert [(a, o, e) for a, o, e, _w in got] == item.story, item_id
+            assert all(w == rules.HTTP_WORKER for *_rest, w in got), item_id
 
     @invariant()
     def dead_letter_copies_match(self) -> None:
