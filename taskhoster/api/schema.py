@@ -548,7 +548,14 @@ OPTIONAL_BODIES = {"Claim", "QueueSettings"}
 # -- links ---------------------------------------------------------------------------------
 
 QUEUE_USERS = ("getQueue", "listItems", "postItems", "claimItems", "deleteItems", "listThreads")
-ITEM_USERS = ("getItem", "deleteItem", "restartItem", "submitResult")
+ITEM_USERS = (
+    "getItem",
+    "deleteItem",
+    "restartItem",
+    "submitResult",
+    "cancelItem",
+    "getAttempts",
+)
 HELD_ITEM_USERS = ("submitResult", "failItem", "extendLease")
 
 

@@ -400,7 +400,7 @@ class CancelView(ApiView):
         process, is told to stop; its later result, fail, extend or progress is refused."""
         params_.item_id(item_id)
         require_item(request, item_id, "produce", "manage")
-        body = contract.validate(contract.CANCEL, request.data or {})
+        body = contract.validate(contract.CANCEL, request.data)
         engine.cancel(item_id=item_id, reason=body.get("reason"))
         row, record = engine.get_item(item_id=item_id)
         return Response(

@@ -42,7 +42,16 @@ from .errors import (
     Unauthorized,
     WaitTimeout,
 )
-from .models import Item, ItemOptions, NewItem, QueueInfo, RateLimit
+from .models import (
+    AttemptHistory,
+    Item,
+    ItemAttempt,
+    ItemOptions,
+    NewItem,
+    QueueInfo,
+    RateLimit,
+    WorkerInfo,
+)
 
 if TYPE_CHECKING:
     from .producer import AsyncProducer, Producer
@@ -69,6 +78,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "APIError",
     "AsyncProducer",
+    "AttemptHistory",
     "BadRequest",
     "ConfigError",
     "Conflict",
@@ -76,6 +86,7 @@ __all__ = [
     "Forbidden",
     "Handler",
     "Item",
+    "ItemAttempt",
     "ItemFailed",
     "ItemOptions",
     "Job",
@@ -93,4 +104,5 @@ __all__ = [
     "Unauthorized",
     "WaitTimeout",
     "Worker",
+    "WorkerInfo",
 ]

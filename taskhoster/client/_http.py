@@ -20,7 +20,16 @@ from urllib.parse import quote
 import httpx
 
 from .errors import APIError, ConfigError, ConnectionFailed, api_error
-from .models import Item, ItemOptions, NewItem, QueueInfo, RateLimit, to_seconds
+from .models import (
+    AttemptHistory,
+    Item,
+    ItemOptions,
+    NewItem,
+    QueueInfo,
+    RateLimit,
+    WorkerInfo,
+    to_seconds,
+)
 
 T = TypeVar("T")
 
@@ -390,3 +399,57 @@ def delete_items(queue: str, ids: list[str] | None, status: str | None) -> Call[
 def restart_item(item_id: str) -> Call[Item]:
     # A resent restart would meet a pending item (409): resent only if it never left.
     return Call("POST", f"/api/items/{seg(item_id)}/restart", _item, idempotent=False)
+
+
+# -- work in flight (SPEC section 8.2) ----------------------------------------------------
+
+
+def cancel_item(item_id: str, reason: str | None) -> Call[Item]:
+    # A resent cancel would meet a terminal item (409): resent only if it never left.
+    body = {} if reason is None else {"reason": reason}
+    return Call(
+        "POST",
+        f"/api/items/{seg(item_id)}/cancel",
+        _item,
+        body=body,
+        has_body=True,
+        idempotent=False,
+    )
+
+
+def item_attempts(item_id: str) -> Call[AttemptHistory]:
+    return Call("GET", f"/api/items/{seg(item_id)}/attempts", AttemptHistory.from_wire)
+
+
+def report_progress(item_id: str, lease: str, progress: Any) -> Call[bool]:
+    # Resending the same latest value is harmless.
+    return Call(
+        "POST",
+        f"/api/items/{seg(item_id)}/progress",
+        lambda data: bool(data["accepted"]),
+        body={"lease": lease, "progress": progress},
+        has_body=True,
+    )
+
+
+def _workers(data: Any) -> list[WorkerInfo]:
+    return [WorkerInfo.from_wire(w) for w in data["workers"]]
+
+
+def list_workers() -> Call[list[WorkerInfo]]:
+    return Call("GET", "/api/workers", _workers)
+
+
+def drain_worker(worker_id: str) -> Call[WorkerInfo]:
+    # Draining twice is draining once: safe to resend.
+    return Call("POST", f"/api/workers/{seg(worker_id)}/drain", WorkerInfo.from_wire)
+
+
+def drain_workers(name_prefix: str) -> Call[list[WorkerInfo]]:
+    return Call(
+        "POST",
+        "/api/workers/drain",
+        _workers,
+        body={"namePrefix": name_prefix},
+        has_body=True,
+    )

@@ -1,10 +1,14 @@
-"""The ``taskhoster`` command: post, read and wait for items, list queues, and run a shell
-command as a worker.
+"""The ``taskhoster`` command: post, read, wait for and cancel items, list queues and workers,
+drain workers, and run a shell command as a worker.
 
     taskhoster post emails '{"to": "ada@example.com"}'
     taskhoster wait ITEM_ID --timeout 30
+    taskhoster cancel ITEM_ID --reason "sent by mistake"
+    taskhoster attempts ITEM_ID                  # who took it, when, and how each claim ended
     taskhoster queues
     taskhoster pause emails                      # hand out nothing until: resume emails
+    taskhoster workers                           # the connected workers
+    taskhoster drain --prefix web-1:             # they finish what they hold, then close
     taskhoster work emails -- ./send-email.sh
 
 The server is ``--url`` or ``$TASKHOSTER_URL`` (default http://127.0.0.1:8000); the key is
@@ -16,33 +20,49 @@ The server is ``--url`` or ``$TASKHOSTER_URL`` (default http://127.0.0.1:8000); 
 ``TASKHOSTER_THREAD_ID`` in its environment. Exit 0: its standard output is the result (as
 JSON if it is JSON, else as a string without its final newline; empty output is null).
 Another exit status: the item fails with standard error as the error (retried, unless
-``--no-retry``). One argument after ``--`` runs through ``/bin/sh -c``; more are run as they
-are. The command runs in its own process group, killed if the item is cancelled.
+``--no-retry``). A line of standard error that starts with ``TASKHOSTER_PROGRESS `` and goes on
+with JSON (at most 4 KiB) is sent as the item's progress instead. One argument after ``--``
+runs through ``/bin/sh -c``; more are run as they are. The command runs in its own process
+group: if the item is cancelled (or deleted, or times out) the group gets SIGTERM, and SIGKILL
+``--kill-grace`` seconds later. SIGINT, SIGTERM or a drain lets the running commands finish
+for up to ``--grace`` seconds, takes no new items, then exits 0; an item still running then (or
+at a second signal) is handed back to its queue and its command stopped as for a cancel.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any, NoReturn, TextIO
 
-from .errors import PermanentError, RetryableError, TaskhosterError, WaitTimeout
-from .models import MAX_PRIORITY, Item, ItemOptionFields, NewItem, RateLimit
+from .command import KILL_GRACE_SECONDS, command_handler
+from .errors import TaskhosterError, WaitTimeout
+from .models import (
+    CANCEL_REASON_MAX_CHARS,
+    MAX_PRIORITY,
+    WORKER_NAME_MAX_CHARS,
+    Item,
+    ItemOptionFields,
+    NewItem,
+    RateLimit,
+    WorkerInfo,
+)
 from .producer import Producer
-from .worker import Handler, Job, Worker
+from .worker import Worker
 
 EXIT_FAILED = 1
 EXIT_TIMEOUT = 124
+#: ``attempts``: the server tells a long story by its first 10 attempts and its last 40.
+ATTEMPTS_SHOWN_FIRST = 10
 # 128 + SIGPIPE: what a shell reports for a command whose output's reader has gone.
 EXIT_BROKEN_PIPE = 141
-KILL_GRACE_SECONDS = 5.0
+#: ``work``: seconds a stop or drain lets the running commands finish.
+GRACE_SECONDS = 30.0
 
 
 def _print_json(value: Any, out: TextIO) -> None:
@@ -62,6 +82,20 @@ def _read_payload(text: str | None, as_string: bool) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise SystemExit(f"taskhoster: the payload is not JSON ({exc}); use --string") from None
+
+
+def _text(most: int) -> Callable[[str], str]:
+    """A text option of 1 to ``most`` printable characters, or a usage error saying so."""
+
+    def parse(value: str) -> str:
+        if not 0 < len(value) <= most or any(
+            ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in value
+        ):
+            raise argparse.ArgumentTypeError(f"{value[:40]!r} is not 1-{most} printable characters")
+        return value
+
+    parse.__name__ = "text"
+    return parse
 
 
 def _none_or(convert: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -118,13 +152,23 @@ COMMAND reads the payload as JSON on standard input (one line), with
 TASKHOSTER_ITEM_ID, TASKHOSTER_QUEUE, TASKHOSTER_ATTEMPTS and TASKHOSTER_THREAD_ID
 in its environment. Exit 0: its standard output is the result (JSON if it is
 JSON, else text; nothing is null). Another exit status fails the item with its
-standard error as the error (retried, unless --no-retry). It runs in its own
-process group, killed if the item is cancelled."""
+standard error as the error (retried, unless --no-retry).
+
+A line COMMAND writes to standard error starting with "TASKHOSTER_PROGRESS "
+and going on with JSON (at most 4 KiB) is sent as the item's progress, not kept
+as error text:  echo 'TASKHOSTER_PROGRESS {"done": 40}' >&2
+
+COMMAND runs in its own process group. If its item is cancelled (or deleted, or
+times out), the group gets SIGTERM, and SIGKILL --kill-grace seconds later; no
+result is sent. SIGINT or SIGTERM to this command, or a drain (taskhoster
+drain), takes no new items and lets the running commands finish for up to
+--grace seconds, then exits 0. An item still running then, or at a second
+signal, is handed back to its queue and its command stopped as for a cancel."""
 WORK_EXAMPLES = """\
 examples:
   taskhoster work emails -- ./send-email.sh
   taskhoster work shout -- 'tr a-z A-Z'
-  taskhoster work emails --capacity 4 -- python3 send.py --retries 2"""
+  taskhoster work emails --capacity 4 --name "$(hostname):emails" -- python3 send.py"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -192,6 +236,22 @@ def _parser() -> argparse.ArgumentParser:
     restart = commands.add_parser("restart", help="restart a failed item")
     restart.add_argument("id")
 
+    cancel = commands.add_parser(
+        "cancel",
+        help="fail a pending or processing item now, stopping its worker (prints it; "
+        "exit 1 if it was already done)",
+    )
+    cancel.add_argument("id")
+    cancel.add_argument(
+        "--reason", help=f"why, at most {CANCEL_REASON_MAX_CHARS} characters (its cancelReason)"
+    )
+
+    attempts = commands.add_parser(
+        "attempts", help="an item's claims: when, by which worker, and how each ended"
+    )
+    attempts.add_argument("id")
+    attempts.add_argument("--json", action="store_true", help="print JSON")
+
     queues = commands.add_parser("queues", help="list queues with their counts")
     queues.add_argument("name", nargs="?", help="only this queue")
     queues.add_argument("--json", action="store_true", help="print JSON")
@@ -251,6 +311,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     resume.add_argument("name", metavar="QUEUE")
 
+    workers = commands.add_parser("workers", help="list the connected workers")
+    workers.add_argument("--json", action="store_true", help="print JSON")
+
+    drain = commands.add_parser(
+        "drain",
+        help="push nothing more to a worker (by id, or every one whose name starts with "
+        "--prefix); it finishes what it holds, then closes (prints the drained workers)",
+        usage="%(prog)s [-h] [--json] (WORKER_ID | --prefix PREFIX)",
+    )
+    which = drain.add_mutually_exclusive_group(required=True)
+    which.add_argument("worker_id", nargs="?", metavar="WORKER_ID", help="as workers lists it")
+    which.add_argument(
+        "--prefix",
+        type=_text(WORKER_NAME_MAX_CHARS),
+        help="drain every worker whose name starts with this",
+    )
+    drain.add_argument("--json", action="store_true", help="print JSON")
+
     items = commands.add_parser("items", help="list a queue's items (JSON lines, no payloads)")
     items.add_argument("queue")
     items.add_argument("--status", choices=["pending", "processing", "finished", "failed"])
@@ -271,11 +349,26 @@ def _parser() -> argparse.ArgumentParser:
         "--capacity", type=int, default=1, metavar="N", help="items run at once (default 1)"
     )
     work.add_argument(
+        "--name",
+        type=_text(WORKER_NAME_MAX_CHARS),
+        help="how workers and drain --prefix know it (default: HOST:PID)",
+    )
+    work.add_argument(
+        "--grace",
         "--stop-timeout",
         type=float,
-        default=30.0,
+        default=GRACE_SECONDS,
         metavar="SECONDS",
-        help="on SIGINT/SIGTERM, seconds to let running commands finish (default 30)",
+        help=f"on SIGINT/SIGTERM or a drain, seconds to let running commands finish "
+        f"(default {GRACE_SECONDS:g})",
+    )
+    work.add_argument(
+        "--kill-grace",
+        type=float,
+        default=KILL_GRACE_SECONDS,
+        metavar="SECONDS",
+        help=f"seconds between SIGTERM and SIGKILL for the command of a cancelled item "
+        f"(default {KILL_GRACE_SECONDS:g})",
     )
     work.add_argument(
         "--no-retry", action="store_true", help="a failed command fails its item for good"
@@ -391,6 +484,18 @@ def _restart(producer: Producer, args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_table(rows: list[tuple[str, ...]]) -> None:
+    """Rows (the first the header) in columns as wide as their widest cell."""
+    widths = [max(len(r[n]) for r in rows) for n in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _when(at: datetime | None) -> str:
+    """A time in a table: UTC to the second; ``-`` for none."""
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ") if at is not None else "-"
+
+
 def _queues(producer: Producer, args: argparse.Namespace) -> int:
     found = [producer.queue(args.name)] if args.name else producer.queues()
     if args.json:
@@ -407,9 +512,7 @@ def _queues(producer: Producer, args: argparse.Namespace) -> int:
         )
         for q in found
     ]
-    widths = [max(len(r[n]) for r in rows) for n in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    _print_table(rows)
     return 0
 
 
@@ -451,6 +554,78 @@ def _items(producer: Producer, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cancel(producer: Producer, args: argparse.Namespace) -> int:
+    _print_json(producer.cancel(args.id, args.reason).raw, sys.stdout)
+    return 0
+
+
+def _attempts(producer: Producer, args: argparse.Namespace) -> int:
+    history = producer.attempts(args.id)
+    if args.json:
+        _print_json({"attempts": [a.raw for a in history], "omitted": history.omitted}, sys.stdout)
+        return 0
+    rows: list[tuple[str, ...]] = [("ATTEMPT", "CLAIMED", "WORKER", "ENDED", "OUTCOME", "ERROR")]
+    for n, attempt in enumerate(history):
+        if history.omitted and n == ATTEMPTS_SHOWN_FIRST:
+            rows.append(("...", f"({history.omitted} more)", "", "", "", ""))
+        rows.append(
+            (
+                str(attempt.attempt),
+                _when(attempt.claimed_at),
+                attempt.worker or "-",
+                _when(attempt.ended_at),
+                attempt.outcome or "running",
+                " ".join((attempt.error or "").split())[:80],
+            )
+        )
+    _print_table(rows)
+    return 0
+
+
+def _print_workers(workers: list[WorkerInfo], as_json: bool) -> None:
+    if as_json:
+        _print_json([w.raw for w in workers], sys.stdout)
+        return
+    rows: list[tuple[str, ...]] = [
+        ("ID", "NAME", "QUEUES", "CAPACITY", "HELD", "STATE", "CONNECTED", "LAST SEEN")
+    ]
+    rows += [
+        (
+            w.id,
+            w.name,
+            ",".join(w.queues),
+            str(w.capacity),
+            str(len(w.held)),
+            "draining" if w.draining else "serving",
+            _when(w.connected_at),
+            _when(w.last_seen_at),
+        )
+        for w in workers
+    ]
+    _print_table(rows)
+
+
+def _workers(producer: Producer, args: argparse.Namespace) -> int:
+    _print_workers(producer.workers(), args.json)
+    return 0
+
+
+def _drain(producer: Producer, args: argparse.Namespace) -> int:
+    if args.prefix is None:
+        _print_workers([producer.drain_worker(args.worker_id)], args.json)
+        return 0
+    drained = producer.drain_workers(args.prefix)
+    if not drained:
+        # Nothing to drain is not a failure: no worker of that name takes work.
+        print(
+            f"taskhoster: no connected worker's name starts with {args.prefix!r}",
+            file=sys.stderr,
+        )
+    if drained or args.json:
+        _print_workers(drained, args.json)
+    return 0
+
+
 COMMANDS: dict[str, Callable[[Producer, argparse.Namespace], int]] = {
     "post": _post,
     "get": _get,
@@ -462,74 +637,14 @@ COMMANDS: dict[str, Callable[[Producer, argparse.Namespace], int]] = {
     "pause": _pause,
     "resume": _resume,
     "items": _items,
+    "cancel": _cancel,
+    "attempts": _attempts,
+    "workers": _workers,
+    "drain": _drain,
 }
 
 
-# -- work -- COMMAND ---------------------------------------------------------------------
-
-
-def parse_output(data: bytes) -> Any:
-    """A command's standard output as a result: JSON if it is JSON, else the text without
-    its final newline; nothing at all is null."""
-    text = data.decode("utf-8", errors="replace")
-    if not text.strip():
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text[:-1] if text.endswith("\n") else text
-
-
-def command_handler(command: Sequence[str], *, retry: bool = True) -> Handler:
-    """A handler that runs ``command`` per item (see the module's text)."""
-    argv = ["/bin/sh", "-c", command[0]] if len(command) == 1 else list(command)
-    failure: type[Exception] = RetryableError if retry else PermanentError
-
-    async def run(job: Job) -> Any:
-        env = {
-            **os.environ,
-            "TASKHOSTER_ITEM_ID": job.id,
-            "TASKHOSTER_QUEUE": job.queue,
-            "TASKHOSTER_ATTEMPTS": str(job.attempts),
-            "TASKHOSTER_THREAD_ID": job.thread_id or "",
-        }
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
-        try:
-            out, err = await proc.communicate(json.dumps(job.payload).encode() + b"\n")
-        except asyncio.CancelledError:
-            await _terminate(proc)
-            raise
-        if proc.returncode != 0:
-            code = proc.returncode
-            status = (
-                f"killed by signal {-code}"
-                if code is not None and code < 0
-                else f"exited with status {code}"
-            )
-            message = err.decode("utf-8", errors="replace").strip()
-            raise failure(message or status)
-        return parse_output(out)
-
-    return run
-
-
-async def _terminate(proc: asyncio.subprocess.Process) -> None:
-    """SIGTERM to the command's process group, SIGKILL if it lingers."""
-    for sig, grace in ((signal.SIGTERM, KILL_GRACE_SECONDS), (signal.SIGKILL, None)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        try:
-            await asyncio.wait_for(proc.wait(), grace)
-            return
-        except TimeoutError:
-            continue
+# -- work -- COMMAND (the handler: ``command``) ------------------------------------------
 
 
 def _work(args: argparse.Namespace, command: list[str]) -> int:
@@ -539,10 +654,11 @@ def _work(args: argparse.Namespace, command: list[str]) -> int:
         args.url,
         args.key,
         capacity=args.capacity,
-        stop_timeout=args.stop_timeout,
+        name=args.name,
+        grace=args.grace,
         retry_errors=not args.no_retry,
     )
-    handler = command_handler(command, retry=not args.no_retry)
+    handler = command_handler(command, retry=not args.no_retry, kill_grace=args.kill_grace)
     for queue in args.queues:
         worker.add_handler(queue, handler)
     worker.run()

@@ -1,8 +1,10 @@
-"""The shapes the client hands back (items, queues), and what it posts: items and their
-options."""
+"""The shapes the client hands back (items, queues, attempts, workers), and what it posts:
+items and their options."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
@@ -10,6 +12,11 @@ from typing import Any, TypedDict
 TERMINAL = frozenset({"finished", "failed"})
 #: An item's ``priority`` runs from 0 (the default) to 9 (SPEC section 8.1).
 MAX_PRIORITY = 9
+#: SPEC section 8.2: a progress report is at most this many bytes of compact JSON, a cancel's
+#: reason at most this many characters, and a worker's name at most this many.
+PROGRESS_MAX_BYTES = 4096
+CANCEL_REASON_MAX_CHARS = 500
+WORKER_NAME_MAX_CHARS = 200
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -27,6 +34,19 @@ def to_wire_time(value: datetime | str) -> str:
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return value.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def progress_size(value: Any) -> int:
+    """The bytes of ``value`` as compact JSON, as the server counts a progress report; raises
+    ValueError if it is larger than ``PROGRESS_MAX_BYTES`` or not JSON (NaN), TypeError if
+    JSON cannot hold it."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    size = len(text.encode())
+    if size > PROGRESS_MAX_BYTES:
+        raise ValueError(
+            f"a progress report is at most {PROGRESS_MAX_BYTES} bytes of JSON; this is {size}"
+        )
+    return size
 
 
 def to_seconds(value: float | timedelta) -> float:
@@ -53,6 +73,8 @@ class Item:
     origin: dict[str, Any] | None = None
     dead_letter: str | None = None
     priority: int = 0
+    progress: Any = None
+    cancel_reason: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -87,6 +109,96 @@ class Item:
             origin=data.get("origin"),
             dead_letter=data.get("deadLetter"),
             priority=int(data.get("priority") or 0),  # a server before priorities: 0
+            progress=data.get("progress"),
+            cancel_reason=data.get("cancelReason"),
+            raw=data,
+        )
+
+    @property
+    def cancelled(self) -> bool:
+        """Cancelled by a producer or an operator (SPEC section 8.2): failed with error
+        ``cancelled``, its reason (if one was given) in ``cancel_reason``."""
+        return self.failed and self.error == "cancelled"
+
+
+@dataclass(frozen=True)
+class ItemAttempt:
+    """One claim of an item (``GET /api/items/{id}/attempts``). ``worker``: the name of
+    the socket it went to, or ``"http"`` for a REST claim. ``outcome``: ``result``,
+    ``fail``, ``lapsed``, ``dropped``, ``cancelled``, ``deleted`` or ``timeout``; None (and
+    no ``ended_at``) while it runs."""
+
+    attempt: int
+    claimed_at: datetime | None
+    worker: str | None
+    ended_at: datetime | None
+    outcome: str | None
+    error: str | None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> ItemAttempt:
+        return cls(
+            attempt=int(data.get("attempt") or 0),
+            claimed_at=parse_time(data.get("claimedAt")),
+            worker=data.get("worker"),
+            ended_at=parse_time(data.get("endedAt")),
+            outcome=data.get("outcome"),
+            error=data.get("error"),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class AttemptHistory:
+    """An item's attempts, oldest first. An item claimed very many times is told by its
+    first and its latest attempts: ``omitted`` says how many were left out between."""
+
+    attempts: list[ItemAttempt]
+    omitted: int = 0
+
+    def __iter__(self) -> Iterator[ItemAttempt]:
+        return iter(self.attempts)
+
+    def __len__(self) -> int:
+        return len(self.attempts)
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> AttemptHistory:
+        return cls(
+            attempts=[ItemAttempt.from_wire(a) for a in data.get("attempts") or []],
+            omitted=int(data.get("omitted") or 0),
+        )
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A connected ``/work`` socket as ``GET /api/workers`` lists it: its ``name`` (sent in
+    its subscribe; ``host:pid`` for the Python worker), the ``queues`` and ``capacity`` it
+    subscribed with, the ids of the items it ``held``, whether it is ``draining`` (it gets
+    nothing more), and when it connected and was last heard from."""
+
+    id: str
+    name: str
+    queues: list[str]
+    capacity: int
+    held: list[str]
+    draining: bool
+    connected_at: datetime | None
+    last_seen_at: datetime | None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> WorkerInfo:
+        return cls(
+            id=str(data["id"]),
+            name=str(data.get("name") or ""),
+            queues=[str(q) for q in data.get("queues") or []],
+            capacity=int(data.get("capacity") or 0),
+            held=[str(i) for i in data.get("held") or []],
+            draining=bool(data.get("draining", False)),
+            connected_at=parse_time(data.get("connectedAt")),
+            last_seen_at=parse_time(data.get("lastSeenAt")),
             raw=data,
         )
 

@@ -19,7 +19,15 @@ import httpx
 from . import _http
 from ._http import _UNSET, Attempt, Call
 from .errors import ItemFailed, WaitTimeout
-from .models import Item, ItemOptionFields, ItemOptions, QueueInfo, RateLimit
+from .models import (
+    AttemptHistory,
+    Item,
+    ItemOptionFields,
+    ItemOptions,
+    QueueInfo,
+    RateLimit,
+    WorkerInfo,
+)
 
 T = TypeVar("T")
 
@@ -243,6 +251,40 @@ class Producer(_Base):
         """A failed item posted again as a new arrival (409 Conflict unless failed)."""
         return self._run(_http.restart_item(item_id))
 
+    # -- work in flight (SPEC section 8.2) -------------------------------------------------
+
+    def cancel(self, item_id: str, reason: str | None = None) -> Item:
+        """Fail a pending or processing item now with error ``cancelled`` (``reason``, at
+        most 500 characters, is kept as its ``cancel_reason``); the worker holding it is
+        told to stop, and its later verdict is refused. :class:`Conflict` (code
+        ``terminal``) if it is already finished or failed."""
+        return self._run(_http.cancel_item(item_id, reason))
+
+    def attempts(self, item_id: str) -> AttemptHistory:
+        """The item's claims, oldest first: who took it, when, and how each ended."""
+        return self._run(_http.item_attempts(item_id))
+
+    def workers(self) -> list[WorkerInfo]:
+        """Every connected ``/work`` socket, of every server process (needs ``manage``)."""
+        return self._run(_http.list_workers())
+
+    def drain_worker(self, worker_id: str) -> WorkerInfo:
+        """Push nothing more to this worker and tell it to finish what it holds and close
+        (needs ``manage``); :class:`NotFound` if it is not connected."""
+        return self._run(_http.drain_worker(worker_id))
+
+    def drain_workers(self, name_prefix: str) -> list[WorkerInfo]:
+        """Drain every worker whose name starts with ``name_prefix`` (a deploy: the host's
+        name, say); the workers drained, none if no name matched."""
+        return self._run(_http.drain_workers(name_prefix))
+
+    def report_progress(self, item_id: str, lease: str, progress: Any) -> bool:
+        """For a worker that claimed over REST (needs ``work``): the item's ``progress`` is
+        now ``progress`` (any JSON of at most 4 KiB), if ``lease`` is still its lease;
+        whether it was taken. It does not extend the lease. (A :class:`Worker`'s handler
+        calls ``job.progress(value)`` instead.)"""
+        return self._run(_http.report_progress(item_id, lease, progress))
+
 
 class AsyncProducer(_Base):
     """:class:`Producer` for asyncio: the same methods, awaited (``items`` is an async
@@ -410,3 +452,21 @@ class AsyncProducer(_Base):
 
     async def restart(self, item_id: str) -> Item:
         return await self._run(_http.restart_item(item_id))
+
+    async def cancel(self, item_id: str, reason: str | None = None) -> Item:
+        return await self._run(_http.cancel_item(item_id, reason))
+
+    async def attempts(self, item_id: str) -> AttemptHistory:
+        return await self._run(_http.item_attempts(item_id))
+
+    async def workers(self) -> list[WorkerInfo]:
+        return await self._run(_http.list_workers())
+
+    async def drain_worker(self, worker_id: str) -> WorkerInfo:
+        return await self._run(_http.drain_worker(worker_id))
+
+    async def drain_workers(self, name_prefix: str) -> list[WorkerInfo]:
+        return await self._run(_http.drain_workers(name_prefix))
+
+    async def report_progress(self, item_id: str, lease: str, progress: Any) -> bool:
+        return await self._run(_http.report_progress(item_id, lease, progress))

@@ -4,34 +4,47 @@
 
     @worker.handler("emails")
     async def send(job: Job) -> dict:
+        job.progress({"step": "rendering"})     # the item's progress, for whoever reads it
         ...                      # return a result, or raise RetryableError / PermanentError
         return {"sent": True}
 
-    worker.run()                 # until SIGINT or SIGTERM
+    worker.run()                 # until SIGINT, SIGTERM or a drain
 
-What it does for the handlers (SPEC section 6):
+What it does for the handlers (SPEC sections 6 and 8.2):
 
 - **capacity**: subscribes with ``capacity``; the server pushes at most that many items at once
   and every pushed item runs at once, as its own asyncio task (a plain function runs in a
   thread).
+- **name**: subscribes with ``name`` (default ``host:pid``), which ``GET /api/workers`` and
+  ``taskhoster workers`` show and ``drain --prefix`` matches.
 - **verdicts**: a returned value is sent as the ``result`` (it must be JSON); a
   :class:`RetryableError` as a retryable ``fail``, a :class:`PermanentError` as a ``fail`` with
   ``retry: false``; any other exception as a retryable ``fail`` (``retry_errors=False`` makes
   those permanent). A result the server refuses as too large becomes a permanent failure.
+- **progress**: ``job.progress(value)`` (any JSON of at most 4 KiB; from an async handler or a
+  plain function's thread) sends a ``progress`` frame without waiting for it; reports made
+  while one is on its way are coalesced, the latest wins. It does not extend the lease.
 - **keepalive**: while a handler runs, the lease is extended each time half of it has gone
   (``extend_at``); if an extend is refused (the lease lapsed, the item is gone) the handler
-  is cancelled, as the item is no longer this worker's.
-- **cancel**: a ``cancel`` frame (the item was deleted or timed out) cancels the handler's task.
-- **leases**: every ``result``, ``fail`` and ``extend`` carries the ``lease`` of the item frame
-  the handler now answers for (an item that comes back to this socket while its handler still
-  runs is adopted by that handler, under its new lease), so the server never applies one to
-  an attempt the worker does not mean.
+  is stopped, as the item is no longer this worker's.
+- **cancel**: a ``cancel`` frame (the item was cancelled, deleted or timed out, or another
+  attempt's result finished it) stops the handler: an async handler's task is cancelled; a
+  plain function, which Python cannot interrupt, sees ``job.cancelled`` turn true (or
+  ``job.wait_cancelled(seconds)`` return true) and should return. Whatever a stopped handler
+  returns or raises is dropped: no result or fail is sent for that item.
+- **leases**: every ``result``, ``fail``, ``extend`` and ``progress`` carries the ``lease`` of
+  the item frame the handler now answers for (an item that comes back to this socket while
+  its handler still runs is adopted by that handler, under its new lease), so the server never
+  applies one to an attempt the worker does not mean.
 - **reconnect**: when the socket drops, the server re-queues what it held at once, so those
-  handlers are cancelled; the worker reconnects with exponential backoff and jitter. A key or
+  handlers are stopped; the worker reconnects with exponential backoff and jitter. A key or
   queue the server refuses (401, 403, no such queue) stops it with the typed error instead.
-- **stop**: the first SIGINT or SIGTERM stops new items (capacity 0) and lets the running
-  handlers finish for up to ``stop_timeout`` seconds; whatever still runs then, or at a second
-  signal, is handed back by closing the socket (the server re-queues it at once).
+- **stop and drain**: the first SIGINT or SIGTERM (with ``run()``, or ``serve(handle_signals=
+  True)``), a ``drain`` frame from the server (``POST /api/workers/{id}/drain``) or
+  :meth:`Worker.stop` take no new items (capacity 0) and let the running handlers finish for
+  up to ``grace`` seconds; then the socket closes and the worker returns. Whatever still runs
+  at the end of the grace, or at a second signal, is left: closing the socket hands it back
+  (the server re-queues it at once) and its handler is stopped as for a cancel.
 """
 
 from __future__ import annotations
@@ -41,7 +54,10 @@ import contextlib
 import inspect
 import json
 import logging
+import os
+import re
 import signal
+import socket
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -66,7 +82,7 @@ from .errors import (
     Unauthorized,
     api_error,
 )
-from .models import parse_time
+from .models import WORKER_NAME_MAX_CHARS, parse_time, progress_size
 
 log = logging.getLogger("taskhoster.client.worker")
 
@@ -83,9 +99,30 @@ CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
 
 
+class _JobState:
+    """What a job's handler shares with the session running it: whether it should stop, and
+    where its progress goes. Shared by every copy of the job (an item that came back under a
+    new lease is the same job to its handler)."""
+
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+        self.reason: str | None = None
+        # Set by the session while the handler runs; safe to call from any thread.
+        self.report: Callable[[Any], None] | None = None
+
+    def stop(self, reason: str) -> None:
+        if not self.stopped.is_set():
+            self.reason = reason
+            self.stopped.set()
+
+
 @dataclass(frozen=True)
 class Job:
-    """One item pushed to this worker, as its handler sees it."""
+    """One item pushed to this worker, as its handler sees it.
+
+    ``cancelled`` turns true when the item is no longer this worker's to finish (see
+    :attr:`cancelled`); ``progress(value)`` reports how far the handler has got.
+    """
 
     id: str
     queue: str
@@ -97,6 +134,7 @@ class Job:
     lease: str
     priority: int = 0
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    _state: _JobState = field(default_factory=_JobState, repr=False, compare=False)
 
     @classmethod
     def from_frame(cls, frame: dict[str, Any]) -> Job:
@@ -112,6 +150,40 @@ class Job:
             priority=int(frame.get("priority") or 0),  # a server before priorities: 0
             raw=frame,
         )
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the handler should stop: the server cancelled the item (a producer's
+        cancel, a delete, its queue's timeout, or another attempt's result finished it),
+        its lease was lost, or the worker handed it back (a dropped socket, the end of a stop's
+        grace). An async handler's task is cancelled then too; a plain function (run in a
+        thread, which cannot be interrupted) should look at this between steps and return.
+        What a stopped handler returns or raises is dropped."""
+        return self._state.stopped.is_set()
+
+    @property
+    def cancel_reason(self) -> str | None:
+        """Why it was stopped: the server's reason (``cancelled``, ``deleted``, ``timeout``,
+        ``finished``), ``lease lost``, or ``handed back``; None while it runs."""
+        return self._state.reason
+
+    def wait_cancelled(self, timeout: float | None = None) -> bool:
+        """Block for up to ``timeout`` seconds (None: until then) or until the job is
+        cancelled; whether it is. For a plain-function handler, in place of ``time.sleep``;
+        never from an async handler (it would block the worker's event loop)."""
+        return self._state.stopped.wait(timeout)
+
+    def progress(self, value: Any) -> None:
+        """Report the handler's progress: the item's ``progress`` becomes ``value`` (any
+        JSON, at most 4 KiB of it) while it is processing. Sent at once and not waited for,
+        from an async handler or a plain function alike; reports made while one is on its
+        way are coalesced (the latest wins). Raises ValueError (TypeError) at once for a value
+        that is too large or not JSON. Does nothing once the job is cancelled or outside a
+        worker."""
+        progress_size(value)
+        report = self._state.report
+        if report is not None and not self._state.stopped.is_set():
+            report(value)
 
 
 class _Lost(Exception):
@@ -169,16 +241,38 @@ class _Running:
     received: float
     task: asyncio.Task[None] | None = None
     stop_reason: str | None = None
+    answering: bool = False  # its verdict is being sent: no more progress
+    progress: Any = None  # the latest progress not yet sent, while ``progress_due``
+    progress_due: bool = False
+    progress_sender: asyncio.Task[None] | None = None
+
+    def stop(self, reason: str) -> None:
+        """Stop its handler: the item is no longer this worker's (``reason`` says why)."""
+        self.stop_reason = self.stop_reason or reason
+        self.job._state.stop(reason)
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+
+_CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def default_name() -> str:
+    """``host:pid``: what ``taskhoster workers`` shows for a worker given no name."""
+    name = _CONTROL_CHARACTERS.sub("", f"{socket.gethostname()}:{os.getpid()}")
+    return name[-WORKER_NAME_MAX_CHARS:]
 
 
 class Worker:
     """Runs handlers for items pushed over ``/work``; see the module's text for the rules.
 
     ``url``/``key`` default as for :class:`Producer`. ``capacity``: items held at once.
-    ``stop_timeout``: seconds a graceful stop waits for running handlers (0: hand back at
-    once). ``retry_errors``: whether an unexpected exception is a retryable failure.
-    ``extend_at``: the fraction of the lease after which it is extended.
-    ``reconnect_delay``/``reconnect_max_delay``: the backoff between reconnects.
+    ``name``: how operators see it (1-200 printable characters; default ``host:pid``).
+    ``grace``: seconds a graceful stop or a drain waits for running handlers (0: hand back
+    at once); ``stop_timeout`` is its older name. ``retry_errors``: whether an unexpected
+    exception is a retryable failure. ``extend_at``: the fraction of the lease after which
+    it is extended. ``reconnect_delay``/``reconnect_max_delay``: the backoff between
+    reconnects.
     """
 
     def __init__(
@@ -187,7 +281,9 @@ class Worker:
         key: str | None = None,
         *,
         capacity: int = 1,
-        stop_timeout: float = 30.0,
+        name: str | None = None,
+        grace: float = 30.0,
+        stop_timeout: float | None = None,
         retry_errors: bool = True,
         extend_at: float = 0.5,
         reconnect_delay: float = 0.5,
@@ -198,10 +294,17 @@ class Worker:
             raise ValueError("capacity must be at least 1")
         if not 0 < extend_at < 1:
             raise ValueError("extend_at must be between 0 and 1")
+        if name is not None and (
+            not 0 < len(name) <= WORKER_NAME_MAX_CHARS or _CONTROL_CHARACTERS.search(name)
+        ):
+            raise ValueError(
+                f"a worker's name is 1-{WORKER_NAME_MAX_CHARS} printable characters: {name!r}"
+            )
         self.url = _http.resolve_url(url)
         self.key = _http.resolve_key(key)
         self.capacity = capacity
-        self.stop_timeout = stop_timeout
+        self.name = name if name is not None else default_name()
+        self.grace = grace if stop_timeout is None else stop_timeout
         self.retry_errors = retry_errors
         self.extend_at = extend_at
         self.reconnect_delay = reconnect_delay
@@ -215,7 +318,21 @@ class Worker:
         self._stop_asked: bool | None = None  # stop() before serve(): hand back?
 
     def __repr__(self) -> str:
-        return f"Worker({self.url!r}, queues={sorted(self.handlers)}, capacity={self.capacity})"
+        return (
+            f"Worker({self.url!r}, name={self.name!r}, queues={sorted(self.handlers)}, "
+            f"capacity={self.capacity})"
+        )
+
+    @property
+    def stop_timeout(self) -> float:
+        """The older name of ``grace``."""
+        return self.grace
+
+    @property
+    def stopping(self) -> bool:
+        """Whether it is stopping (a signal, :meth:`stop` or a drain): it takes no new items
+        and returns once those it holds are done or the grace is over."""
+        return self._stopping is not None and self._stopping.is_set()
 
     # -- set up ---------------------------------------------------------------------------
 
@@ -255,9 +372,21 @@ class Worker:
     def _request_stop(self, hand_back: bool) -> None:
         assert self._stopping is not None
         assert self._hand_back is not None
-        if hand_back or self._stopping.is_set() or self.stop_timeout <= 0:
+        if hand_back or self._stopping.is_set() or self.grace <= 0:
             self._hand_back.set()
         self._stopping.set()
+
+    def _on_drain(self) -> None:
+        """The server drained this worker's socket: stop as for a first signal (a drain
+        during a stop changes nothing)."""
+        assert self._stopping is not None
+        if self._stopping.is_set():
+            return
+        log.warning(
+            "drained by the server: finishing the items in hand (up to %gs), then stopping",
+            self.grace,
+        )
+        self._request_stop(hand_back=False)
 
     def _on_signal(self, signum: int) -> None:
         assert self._stopping is not None
@@ -268,7 +397,7 @@ class Worker:
             log.warning(
                 "%s: finishing the items in hand (up to %gs; send it again to hand them back)",
                 name,
-                self.stop_timeout,
+                self.grace,
             )
         self._request_stop(hand_back=False)
 
@@ -389,13 +518,12 @@ class _Session:
 
     async def run(self) -> None:
         assert self.worker._stopping is not None
-        await self.send(
-            {"type": "subscribe", "queues": self.queues, "capacity": self.worker.capacity}
-        )
+        await self.send(self.subscribe(self.worker.capacity))
         self.worker.connected += 1
         log.info(
-            "connected to %s; serving %s with capacity %d",
+            "connected to %s as %s; serving %s with capacity %d",
             self.worker.url,
+            self.worker.name,
             ", ".join(self.queues),
             self.worker.capacity,
         )
@@ -410,9 +538,17 @@ class _Session:
         finally:
             stopper.cancel()
             reader.cancel()
-            await self.abandon("the socket closed")
+            await self.abandon("handed back")
 
     # -- frames out -----------------------------------------------------------------------
+
+    def subscribe(self, capacity: int) -> dict[str, Any]:
+        return {
+            "type": "subscribe",
+            "queues": self.queues,
+            "capacity": capacity,
+            "name": self.worker.name,
+        }
 
     async def send(self, frame: dict[str, Any]) -> None:
         async with self.lock:
@@ -451,6 +587,8 @@ class _Session:
                 self.on_ack(frame)
             elif kind == "cancel":
                 self.on_cancel(frame)
+            elif kind == "drain":
+                self.worker._on_drain()
             elif kind == "error":
                 self.on_error(frame)
             else:
@@ -478,6 +616,7 @@ class _Session:
             log.error("item %s of queue %s has no handler", job.id, job.queue)
             return
         entry = _Running(job=job, received=self.loop.time())
+        job._state.report = self.reporter(entry)
         entry.task = asyncio.create_task(self.run_job(entry, handler), name=f"taskhoster-{job.id}")
         self.running[job.id] = entry
 
@@ -497,9 +636,9 @@ class _Session:
         if entry is not None and lease is not None and lease != entry.job.lease:
             return  # for another attempt of the item than the one this handler answers for
         if entry is not None and entry.task is not None and not entry.task.done():
-            log.info("item %s: cancelled by the server (%s)", entry.job.id, frame.get("reason"))
-            entry.stop_reason = f"cancelled: {frame.get('reason')}"
-            entry.task.cancel()
+            reason = str(frame.get("reason") or "cancelled")
+            log.info("item %s: cancelled by the server (%s)", entry.job.id, reason)
+            entry.stop(reason)
 
     def on_error(self, frame: dict[str, Any]) -> None:
         code, message = str(frame.get("code")), str(frame.get("message"))
@@ -527,8 +666,11 @@ class _Session:
         job = entry.job
         try:
             frame = await self.outcome(entry, handler)
-            if frame is None:
+            if frame is None or entry.stop_reason is not None:
+                # Stopped (cancelled, lease lost, handed back): the handler may have caught
+                # the cancellation and returned, but the item is not this worker's to answer.
                 return
+            entry.answering = True
             try:
                 ack = await self.request(frame)
             except SocketError as exc:
@@ -611,25 +753,64 @@ class _Session:
                     "stopping its handler",
                     entry.job.id,
                 )
-                if entry.task is not None and not entry.task.done():
-                    entry.stop_reason = "lease lost"
-                    entry.task.cancel()
+                entry.stop("lease lost")
                 return
             due = sent + extend_at * lease_left(parse_time(ack.get("leaseExpiresAt")), lease)
+
+    # -- progress -------------------------------------------------------------------------
+
+    def reporter(self, entry: _Running) -> Callable[[Any], None]:
+        """``job.progress`` of the entry's handler: safe from the handler's thread."""
+
+        def report(value: Any) -> None:
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is self.loop:
+                self.queue_progress(entry, value)
+                return
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody to tell
+                self.loop.call_soon_threadsafe(self.queue_progress, entry, value)
+
+        return report
+
+    def queue_progress(self, entry: _Running, value: Any) -> None:
+        """Send ``value`` as the item's progress, after the report already on its way."""
+        if entry.answering or entry.stop_reason is not None or self.closed:
+            return
+        entry.progress, entry.progress_due = value, True
+        if entry.progress_sender is None or entry.progress_sender.done():
+            entry.progress_sender = asyncio.create_task(self.send_progress(entry))
+
+    async def send_progress(self, entry: _Running) -> None:
+        while entry.progress_due and not entry.answering and entry.stop_reason is None:
+            entry.progress_due = False
+            value, entry.progress = entry.progress, None
+            frame = {"type": "progress", "id": entry.job.id, "progress": value}
+            try:
+                ack = await self.request(_leased(frame, entry.job))
+            except _Lost:
+                return
+            except SocketError as exc:
+                log.warning("item %s: the server refused a progress report: %s", entry.job.id, exc)
+                continue
+            if not ack.get("accepted"):
+                log.debug("item %s: progress not accepted (no longer held)", entry.job.id)
 
     # -- the end --------------------------------------------------------------------------
 
     async def drain(self, reader: asyncio.Task[None]) -> None:
-        """Stop new items, let running handlers finish (up to stop_timeout), then return so
+        """Stop new items, let running handlers finish (up to the grace), then return so
         the socket closes and hands back the rest."""
         assert self.worker._hand_back is not None
         self.draining = True
         try:
-            await self.send({"type": "subscribe", "queues": self.queues, "capacity": 0})
+            await self.send(self.subscribe(0))
         except ConnectionClosed:
             return
         hand_back = asyncio.create_task(self.worker._hand_back.wait())
-        deadline = self.loop.time() + self.worker.stop_timeout
+        deadline = self.loop.time() + self.worker.grace
         try:
             while True:
                 tasks = {e.task for e in self.running.values() if e.task is not None}
@@ -656,8 +837,7 @@ class _Session:
         tasks = []
         for entry in self.running.values():
             if entry.task is not None and not entry.task.done():
-                entry.stop_reason = entry.stop_reason or reason
-                entry.task.cancel()
+                entry.stop(reason)
                 tasks.append(entry.task)
         if tasks:
             await asyncio.wait(tasks, timeout=10)

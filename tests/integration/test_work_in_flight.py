@@ -159,8 +159,10 @@ def test_cancel_advances_the_thread_at_once_and_a_terminal_item_is_409(server, h
         async with await connect(server, key) as ws:
             await subscribe(ws, ["q"], 1)
             await nothing_pushed(ws)  # B waits behind A
-            # C is pending, behind B: cancelled, it leaves the thread without a claim.
-            assert (await asyncio.to_thread(cancel, http, c)).status_code == 200
+            # C is pending, behind B: cancelled (a body is optional), it leaves the thread
+            # without a claim.
+            no_body = await asyncio.to_thread(http.post, f"/api/items/{c}/cancel")
+            assert no_body.status_code == 200, no_body.text
             answer = await asyncio.to_thread(cancel, http, a)
             assert answer.status_code == 200
             assert "cancelReason" not in answer.json(), "no reason given, none shown"
@@ -175,6 +177,12 @@ def test_cancel_advances_the_thread_at_once_and_a_terminal_item_is_409(server, h
     assert again.json()["error"]["code"] == "terminal"
     assert cancel(http, "0" * 20).status_code == 404
     assert cancel(http, b, reason="x" * 501).status_code == 400
+    not_an_object = http.post(
+        f"/api/items/{b}/cancel", content=b"false", headers={"Content-Type": "application/json"}
+    )
+    assert not_an_object.status_code == 400, not_an_object.text
+    # (re-queued when the socket closed; the refused cancels changed nothing)
+    assert status_of(http, b)["status"] == "pending"
 
 
 def test_a_key_limited_to_other_queues_cannot_cancel_or_read_an_items_attempts(
