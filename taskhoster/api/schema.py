@@ -331,6 +331,7 @@ def _item_schema(*, claimed: bool = False) -> dict[str, Any]:
         "finishedAt",
         "error",
         "key",
+        "progress",
     ]
     if claimed:
         properties["lease"] = {"type": "string", "description": "Send it with fail and extend."}

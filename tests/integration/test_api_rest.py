@@ -37,6 +37,7 @@ ITEM_FIELDS = {
     "error",
     "key",
     "priority",
+    "progress",  # SPEC section 8.2
 }
 LISTED_FIELDS = ITEM_FIELDS - {"payload", "result"}
 TIME_FIELDS = ("scheduledAt", "postedAt", "leaseExpiresAt", "finishedAt")
@@ -73,9 +74,10 @@ def parse_time(value: str) -> datetime:
 
 
 def assert_wire_item(item: dict[str, Any], fields: set[str] = ITEM_FIELDS) -> None:
-    """Exactly the contract's names (plus origin/deadLetter when set); times in UTC with Z."""
+    """Exactly the contract's names (plus origin, deadLetter or cancelReason when set); times in
+    UTC with Z."""
     extra = set(item) - fields
-    assert extra <= {"origin", "deadLetter", "lease"}, extra
+    assert extra <= {"origin", "deadLetter", "cancelReason", "lease"}, extra
     assert fields <= set(item), fields - set(item)
     for name in TIME_FIELDS:
         if item[name] is not None:
