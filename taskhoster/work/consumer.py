@@ -11,6 +11,12 @@ before it closed are still applied in order (its last results count); then ``_en
 exactly once and re-queues everything the socket still holds. A send never raises out of
 the consumer: a socket that cannot be written to is treated as gone.
 
+Work in flight (SPEC section 8.2): each socket has an id and a ``name`` (from ``subscribe``),
+which the dispatcher's reporter writes to the registry of workers (``work.registry``) and the
+claims record as the holder of each item pushed here; a ``progress`` frame from the holder is
+acked like an ``extend``; ``drain`` (an operator's, by news) sends the ``drain`` frame and
+takes the socket out of the dispatcher's deals for good, leaving it what it holds.
+
 Frames are answered in order, but not one at a time: each ``result``, ``fail`` or ``extend``
 is handed to the engine at once (so one socket's frames share group commits), and its
 answer goes into ``outbox``; one task sends the answers in the order the frames came.
