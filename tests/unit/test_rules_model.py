@@ -572,13 +572,41 @@ class RulesMachine(RuleBasedStateMachine):
             assert len(recent) <= count, (len(recent), count)
         return taken
 
-    # a worker: a claim, and what its worker does with the item at once
+    # a worker: a claim, and what its worker does with the item at once (or what happens to
+    # it: its lease lapses and the sweep re-queues it; the queue's timeout fails it; it fails
+    # for good and an operator restarts it)
     @rule(
-        action=st.sampled_from(("result", "retry", "fail", "extend", "drop", "release", "hold")),
+        action=st.sampled_from(
+            (
+                "result",
+                "retry",
+                "fail",
+                "extend",
+                "drop",
+                "release",
+                "hold",
+                "lapse",
+                "timeout",
+                "restart",
+            )
+        ),
         seconds=st.sampled_from((None, 1.0, 1e6)),
     )
     def worker(self, action: str, seconds: float | None) -> None:
+        if action in ("lapse", "timeout"):
+            claimed = self._claim(1)
+            if not claimed:  # nothing due: post one (an unthreaded item, due now), and claim
+                self.post(None, 0.0, 0)
+                claimed = self._claim(1)
+            if claimed:
+                clock = Clock.LAPSE if action == "lapse" else Clock.TIMEOUT
+                self._sweep(clock, wait=True)
+            self.step()
+            return
         for row in self._claim(1):
+            if action == "restart":
+                self._fail(row, "current", retry=False)
+                self._restart(row)
             if action == "result":
                 self._result(row, 0)
             elif action in ("retry", "fail"):
@@ -698,6 +726,10 @@ class RulesMachine(RuleBasedStateMachine):
     # rules 6, 8, 11: the sweep, one clock at a time over every item
     @rule(which=st.sampled_from(tuple(Clock)), wait=st.booleans())
     def sweep(self, which: Clock, wait: bool) -> None:
+        self._sweep(which, wait=wait)
+        self.step()
+
+    def _sweep(self, which: Clock, *, wait: bool) -> None:
         if wait:  # first let the clock's own period pass, so its rule has work to do
             period = {
                 Clock.LAPSE: self.model.s.lease,
@@ -733,7 +765,6 @@ class RulesMachine(RuleBasedStateMachine):
             for row in self.rows():
                 if row.posted_at + secs(self.model.s.queue) <= self.at:
                     assert row.is_terminal, row
-        self.step()
 
     # rule 11: a producer's read of a terminal item
     @precondition(lambda self: self.rows())
@@ -781,7 +812,10 @@ class RulesMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.rows())
     @rule(index=INDEX)
     def restart(self, index: int) -> None:
-        row = pick(self.rows(), index)
+        self._restart(pick(self.rows(), index))
+        self.step()
+
+    def _restart(self, row: ItemRow) -> None:
         item = self.mitem(row)
         decision = rules.restart(row, seq=f"i{next(self.ids):04d}", at=self.at)
         if item.status != "failed":
@@ -791,7 +825,6 @@ class RulesMachine(RuleBasedStateMachine):
         self.model.restart(item, self.at)
         assert isinstance(decision, Move)
         self.sim.apply(row, decision, self.at)
-        self.step()
 
     # -- what must hold after every step ---------------------------------------------------------
 
