@@ -20,11 +20,12 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from .. import engine
 from ..models import Item, Queue
 from ..status import LIVE_STATUSES, TERMINAL_STATUSES, Status
 from ..timeutil import now as utcnow
 
-# Counts stop at this many rows (a queue's count per status shows "10000+").
+# Counts made here (never the kept per-queue counts) stop at this many rows ("10000+").
 COUNT_CAP = 10_000
 # A list counts only this many pages past the one asked for.
 PAGES_AHEAD = 10
@@ -236,3 +237,70 @@ def confirm_page(
         "query": request.META.get("QUERY_STRING", ""),
     }
     return TemplateResponse(request, "admin/taskhoster/item/confirm.html", context)
+
+
+# -- progress and leases, as the live pages show them ------------------------------------------
+
+
+def fraction(value: Any) -> float | None:
+    """How far a progress value says the work got, from 0 to 1, when it says so plainly: a
+    number from 0 to 1, or ``{"done": n, "of": m}`` with ``m`` above 0 (else None)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value) if 0 <= value <= 1 else None
+    if isinstance(value, dict):
+        done, of = plain_number(value.get("done")), plain_number(value.get("of"))
+        if done is not None and of is not None and of > 0 and 0 <= done <= of:
+            return done / of
+    return None
+
+
+def plain_number(value: Any) -> float | None:
+    """``value`` as a float when it is a JSON number (never a boolean), else None."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def progress_bar(value: Any) -> SafeString | str:
+    """A bar and its percentage when the progress is a fraction or ``{done, of}``, else ""."""
+    share = fraction(value)
+    if share is None:
+        return ""
+    return format_html(
+        '<span class="th-bar"><progress class="th-progress-bar" max="1" value="{}"></progress>'
+        '<span class="th-percent">{}%</span></span>',
+        f"{share:.4f}",
+        f"{share * 100:.0f}",
+    )
+
+
+def lease_left(expires: datetime | None, at: datetime) -> str:
+    """A processing item's lease as an operator reads it: "23 s left", or "lapsed 4 s ago"
+    (the sweep has not come by yet); "-" for an item that holds none."""
+    if expires is None:
+        return "-"
+    seconds = (expires - at).total_seconds()
+    if seconds >= 0:
+        return f"{duration(seconds)} left"
+    return f"lapsed {duration(-seconds)} ago"
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``3 min 5 s``, ``2 h 10 min``: a span to the second, short."""
+    whole = int(seconds)
+    if whole < 120:
+        return f"{whole} s"
+    if whole < 7200:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
+
+
+def with_counts(queues: list[Queue]) -> list[Queue]:
+    """``queues``, each with its items per status (``status_counts``), from the count rows
+    the group commits keep: one query, whatever the number of queues."""
+    counts = engine.counts_by_queue([q.pk for q in queues])
+    for queue in queues:
+        queue.status_counts = counts.get(queue.pk, {})  # type: ignore[attr-defined]
+    return queues

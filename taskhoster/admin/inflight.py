@@ -28,8 +28,17 @@ from .. import contract, engine
 from ..errors import Conflict, ItemNotFound, TaskhosterError
 from ..models import Item
 from ..status import LIVE_STATUSES
+from ..timeutil import now as utcnow
 from ..timeutil import parse_wire
-from .common import confirm_page, item_url, status_counts, when
+from . import live
+from .common import (
+    confirm_page,
+    item_url,
+    lease_left,
+    progress_bar,
+    status_counts,
+    when,
+)
 
 # At most this many ids are named in a message; the rest are counted.
 IDS_NAMED = 20
@@ -61,6 +70,12 @@ class WorkInFlightAdmin(admin.ModelAdmin):
     def progress_shown(self, obj: Item) -> SafeString | str:
         return progress_block(obj.progress)
 
+    @admin.display(description="lease")
+    def lease_remaining(self, obj: Item) -> str:
+        if obj.status != "processing":
+            return "-"
+        return lease_left(obj.lease_expires_at, utcnow())
+
     @admin.display(description="status")
     def status_column(self, obj: Item) -> SafeString | str:
         """The list's status; under it, the progress its worker last reported (if any), cut
@@ -80,7 +95,7 @@ class WorkInFlightAdmin(admin.ModelAdmin):
                 "<str:object_id>/cancel/",
                 self.admin_site.admin_view(self.cancel_view),
                 name="taskhoster_item_cancel",
-            )
+            ),
         ]
         return extra + super().get_urls()
 
@@ -91,12 +106,14 @@ class WorkInFlightAdmin(admin.ModelAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        live = Item.objects.filter(pk=unquote(object_id), status__in=LIVE_STATUSES).exists()
+        running = Item.objects.filter(pk=unquote(object_id), status__in=LIVE_STATUSES).exists()
         extra = {
             **(extra_context or {}),
-            "can_cancel": live and self.has_cancel_permission(request),
+            "can_cancel": running and self.has_cancel_permission(request),
         }
-        return super().change_view(request, object_id, form_url, extra_context=extra)
+        # The page is live: its script asks again for its tools and fields (``live``).
+        response = super().change_view(request, object_id, form_url, extra_context=extra)
+        return live.answer(request, response)
 
     def history_view(
         self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
@@ -312,11 +329,12 @@ def attempts_table(item_id: str) -> SafeString | str:
 
 
 def progress_block(value: Any) -> SafeString | str:
-    """An item's latest progress, as its worker reported it: its JSON, or "-"."""
+    """An item's latest progress, as its worker reported it: a bar when it says how far (a
+    fraction, or ``{done, of}``), and its JSON; "-" when none was reported."""
     if value is None:
         return "-"
     text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
-    return format_html('<pre class="th-json th-progress">{}</pre>', text)
+    return format_html('{}<pre class="th-json th-progress">{}</pre>', progress_bar(value), text)
 
 
 def progress_cell(value: Any) -> SafeString:

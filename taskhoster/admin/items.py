@@ -1,6 +1,8 @@
 """Items: a list over the index (never the files), a read-only detail page that reads the
 file, and actions that go through the engine (delete, delete everything matching, restart,
-and, from ``inflight``, cancel; the attempts and progress of SPEC section 8.2 are there too)."""
+and, from ``inflight``, cancel; the attempts and progress of SPEC section 8.2 are there too;
+from ``bulk``, cancel or restart everything matching, the filter by error, restarting one
+item from its page and its dead-letter copy)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -22,6 +23,7 @@ from .. import engine
 from ..errors import TaskhosterError
 from ..models import Item, Queue
 from ..timeutil import now as utcnow
+from .bulk import BulkAdmin, ErrorFilter, dead_letter_copy, restart_items, restart_note
 from .common import (
     CappedPaginator,
     confirm_page,
@@ -31,6 +33,7 @@ from .common import (
     time_column,
 )
 from .inflight import WorkInFlightAdmin
+from .processing import processing_view
 
 DELETE_CHUNK = 500
 
@@ -147,6 +150,7 @@ ROW_FIELDS = (
     "posted",
     "attempts",
     "lease_expires",
+    "lease_remaining",
     "claimed",
     "claimed_by",
     "progress_shown",
@@ -160,7 +164,7 @@ ROW_FIELDS = (
 
 
 @admin.register(Item)
-class ItemAdmin(WorkInFlightAdmin):
+class ItemAdmin(BulkAdmin, WorkInFlightAdmin):
     list_display = (
         "id",
         "queue_name",
@@ -172,7 +176,15 @@ class ItemAdmin(WorkInFlightAdmin):
         "posted",
         "finished",
     )
-    list_filter = ("queue", "status", PriorityFilter, ThreadFilter, AttemptsFilter, AgeFilter)
+    list_filter = (
+        "queue",
+        "status",
+        ErrorFilter,
+        PriorityFilter,
+        ThreadFilter,
+        AttemptsFilter,
+        AgeFilter,
+    )
     sortable_by = ("scheduled", "posted")
     ordering = ("-id",)
     search_fields = ("=id", "=key", "=thread_id")
@@ -278,7 +290,7 @@ class ItemAdmin(WorkInFlightAdmin):
 
     @admin.display(description="dead letter")
     def dead_letter_link(self, obj: Item) -> SafeString | str:
-        return item_link(obj.dead_letter)
+        return dead_letter_copy(obj.dead_letter)
 
     # Actions, each behind a confirmation page that says how many items and which states.
     def _confirm(
@@ -303,9 +315,6 @@ class ItemAdmin(WorkInFlightAdmin):
     # permission (a staff user with only view_item sees the items and nothing more).
     def has_engine_delete_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm(f"{self.opts.app_label}.delete_item"))
-
-    def has_restart_permission(self, request: HttpRequest) -> bool:
-        return bool(request.user.has_perm(f"{self.opts.app_label}.change_item"))
 
     @admin.action(
         description="Delete selected items (through the engine)", permissions=["engine_delete"]
@@ -354,17 +363,7 @@ class ItemAdmin(WorkInFlightAdmin):
                 ids=ids,
                 note="Only failed items are restarted; the others are left as they are.",
             )
-        restarted = skipped = 0
-        for item_id in ids:
-            try:
-                engine.restart(item_id=item_id)
-                restarted += 1
-            except TaskhosterError:
-                skipped += 1
-        level = messages.SUCCESS if restarted else messages.WARNING
-        self.message_user(
-            request, f"Restarted {restarted} item(s); {skipped} not failed or gone.", level
-        )
+        self.message_user(request, *restart_note(*restart_items(ids)))
         return None
 
     # "Delete all matching the current filter": its own page, deleting in chunks of ids.
@@ -374,13 +373,14 @@ class ItemAdmin(WorkInFlightAdmin):
                 "delete-matching/",
                 self.admin_site.admin_view(self.delete_matching_view),
                 name="taskhoster_item_delete_matching",
-            )
+            ),
+            path(
+                "processing/",
+                self.admin_site.admin_view(processing_view),
+                name="taskhoster_item_processing",
+            ),
         ]
         return extra + super().get_urls()
-
-    def _filtered(self, request: HttpRequest) -> QuerySet[Item]:
-        changelist: ChangeList = self.get_changelist_instance(request)
-        return changelist.get_queryset(request).order_by()
 
     def delete_matching_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_engine_delete_permission(request):

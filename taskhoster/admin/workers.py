@@ -12,6 +12,7 @@ socket: the list says all there is.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
@@ -23,23 +24,59 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
-from ..models import WorkerSocket
+from ..models import Item, ServerProcess, WorkerSocket
+from ..timeutil import now as utcnow
 from ..work import registry
-from .common import item_link, when
+from . import live
+from .common import duration, item_link, progress_bar, when
 
 # A socket's held items shown in its row (the rest counted).
 HELD_SHOWN = 50
 
 
-def held_links(held: list[str]) -> SafeString | str:
-    """The items a socket holds, each linked to its page."""
+def held_links(held: list[str], rows: dict[str, dict[str, Any]] | None = None) -> SafeString | str:
+    """The items a socket holds, each linked to its page, with how long it has held it and
+    its progress bar when its worker said how far (``rows``: the items' index rows)."""
     if not held:
         return "-"
-    links = format_html_join(" ", "{}", ((item_link(item_id),) for item_id in held[:HELD_SHOWN]))
+    rows = rows or {}
+    at = utcnow()
+    links = format_html_join(
+        "",
+        '<span class="th-held-item">{}{}{}</span>',
+        (held_item(i, rows.get(i), at) for i in held[:HELD_SHOWN]),
+    )
     more = len(held) - HELD_SHOWN
     if more > 0:
         return format_html("{} and {} more", links, more)
     return links
+
+
+def held_item(item_id: str, row: dict[str, Any] | None, at: datetime) -> tuple[Any, Any, Any]:
+    if row is None:
+        return item_link(item_id), "", ""
+    claimed = row["claimed_at"]
+    since = (
+        format_html(
+            ' <span class="th-held-for">{}</span>', duration((at - claimed).total_seconds())
+        )
+        if claimed
+        else ""
+    )
+    return item_link(item_id), since, progress_bar(row["progress"])
+
+
+def held_rows(sockets: list[WorkerSocket]) -> dict[str, dict[str, Any]]:
+    """The index rows (claim time, progress) of the items these sockets hold, shown ones
+    only: one query."""
+    ids = [i for row in sockets for i in list(row.held or [])[:HELD_SHOWN]]
+    found = Item.objects.filter(id__in=ids).values("id", "claimed_at", "progress")
+    return {row["id"]: dict(row) for row in found}
+
+
+def processes() -> dict[str, str]:
+    """Each server process's "host pid N", by its id."""
+    return {p.process: f"{p.host} pid {p.pid}" for p in ServerProcess.objects.all()}
 
 
 @admin.register(WorkerSocket)
@@ -86,16 +123,20 @@ class WorkerAdmin(admin.ModelAdmin):
     ) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied("the workers page needs the permission to view worker sockets")
+        sockets = registry.workers()
+        items = held_rows(sockets)
+        names = processes()
         rows = [
             {
                 "socket": row,
+                "process": names.get(row.process, row.process),
                 "queues": ", ".join(row.queues or []) or "-",
-                "held": held_links(list(row.held or [])),
+                "held": held_links(list(row.held or []), items),
                 "held_count": len(row.held or []),
                 "connected": when(row.connected_at),
                 "last_seen": when(row.last_seen_at),
             }
-            for row in registry.workers()
+            for row in sockets
         ]
         context = {
             **self.admin_site.each_context(request),
@@ -106,7 +147,8 @@ class WorkerAdmin(admin.ModelAdmin):
             "can_drain": self.has_drain_permission(request),
             **(extra_context or {}),
         }
-        return TemplateResponse(request, "admin/taskhoster/workers.html", context)
+        response = TemplateResponse(request, "admin/taskhoster/workers.html", context)
+        return live.answer(request, response)
 
     def drain_view(self, request: HttpRequest, socket_id: str) -> HttpResponse:
         """A row's "Drain" button (a POST, CSRF-checked by the admin site's view wrapper)."""
