@@ -11,6 +11,7 @@ and times each page: the median and the worst of ``--repeat`` requests after one
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import sqlite3
@@ -22,8 +23,13 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+# The header of the live pages' script: the page's regions, as JSON.
+LIVE = {"HTTP_X_TASKHOSTER_LIVE": "1"}
+# The bench's server process stays "alive" (its heartbeat is set ahead) while it runs.
+ALIVE = timedelta(days=1)
 QUEUES = ("emails", "images", "reports", "webhooks")
 STATUSES = (("finished", 0.70), ("failed", 0.05), ("pending", 0.20), ("processing", 0.05))
 
@@ -39,7 +45,8 @@ def fill(db: Path, count: int) -> dict[str, str]:
     con.executemany(
         "INSERT INTO taskhoster_queue (name, lease_seconds, queue_seconds, retain_seconds, "
         "retain_from, max_attempts, backoff_seconds, backoff_max_seconds, dead_letter_queue, "
-        "created_at, deleting) VALUES (?, 60, 86400, 3600, 'finished', NULL, 1, 300, NULL, ?, 0)",
+        "paused, max_processing, rate_limit, thread_limit, created_at, deleting) "
+        "VALUES (?, 60, 86400, 3600, 'finished', NULL, 1, 300, NULL, 0, NULL, NULL, 1, ?, 0)",
         [(q, fmt(now)) for q in QUEUES],
     )
     queue_ids = [r[0] for r in con.execute("SELECT id FROM taskhoster_queue ORDER BY id")]
@@ -91,11 +98,16 @@ def fill(db: Path, count: int) -> dict[str, str]:
                 finished,
                 "boom" if status == "failed" else None,
                 fmt(now),
+                fmt(now - timedelta(seconds=5)) if status == "processing" else None,
+                f"worker-{n % 50}" if status == "processing" else None,
+                '{"done": 3, "of": 4}' if status == "processing" and n % 2 else None,
             )
         )
         if thread is not None:
             threads.setdefault((queue, thread), []).append(item_id)
         sample.setdefault("id", item_id)
+        if status == "processing":
+            sample.setdefault("processing", item_id)
         if key:
             sample["key"] = key
         if thread:
@@ -105,9 +117,14 @@ def fill(db: Path, count: int) -> dict[str, str]:
             rows = []
     insert(con, rows)
     con.executemany(
-        "INSERT INTO taskhoster_thread (queue_id, thread_id, member_count, processing_item, "
-        "head_item) VALUES (?, ?, ?, NULL, ?)",
-        [(q, t, len(m), m[0]) for (q, t), m in threads.items()],
+        "INSERT INTO taskhoster_thread (queue_id, thread_id, member_count, processing, "
+        "processing_item, heads) VALUES (?, ?, ?, 0, NULL, ?)",
+        [(q, t, len(m), json.dumps(m[:1])) for (q, t), m in threads.items()],
+    )
+    # The counts the group commits keep (the overview and the queue pages read these).
+    con.execute(
+        "INSERT INTO taskhoster_queuecount (queue_id, status, shard, n) "
+        "SELECT queue_id, status, 0, count(*) FROM taskhoster_item GROUP BY queue_id, status"
     )
     con.commit()
     con.close()
@@ -119,8 +136,36 @@ def insert(con: sqlite3.Connection, rows: Sequence[tuple[object, ...]]) -> None:
     con.executemany(
         "INSERT INTO taskhoster_item (id, queue_id, status, eligible, thread_id, key, seq, "
         "scheduled_at, posted_at, attempts, lease, lease_expires_at, finished_at, error, "
-        "updated_at, rev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)",
+        "updated_at, claimed_at, claimed_by, progress, priority, rev) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 1)",
         rows,
+    )
+
+
+def workers(now: datetime, sockets: int = 50, each: int = 20) -> None:
+    """A live server process with ``sockets`` workers holding ``each`` processing items each,
+    as the registry writes them (the workers page reads these rows)."""
+    from taskhoster.metrics import PROCESS
+    from taskhoster.models import Item, ServerProcess, WorkerSocket
+
+    ServerProcess.objects.create(
+        process=PROCESS, host="bench", pid=os.getpid(), started_at=now, seen_at=now + ALIVE
+    )
+    held = list(
+        Item.objects.filter(status="processing").values_list("id", flat=True)[: sockets * each]
+    )
+    WorkerSocket.objects.bulk_create(
+        WorkerSocket(
+            id=f"{n:016x}",
+            process=PROCESS,
+            name=f"worker-{n}",
+            queues=["emails"],
+            capacity=each,
+            held=held[n * each : (n + 1) * each],
+            connected_at=now,
+            last_seen_at=now,
+        )
+        for n in range(sockets)
     )
 
 
@@ -160,8 +205,9 @@ def main() -> None:
     User.objects.create_user("bench", password="pw", is_staff=True, is_superuser=True)
     client = Client()
     client.login(username="bench", password="pw")
+    workers(now=datetime.now(UTC))
     q = Queue.objects.get(name="emails").pk
-    pages = [
+    pages: list[tuple[Any, ...]] = [
         ("items", "/admin/taskhoster/item/"),
         ("items ?status=failed", "/admin/taskhoster/item/?status__exact=failed"),
         (
@@ -176,15 +222,42 @@ def main() -> None:
         ("queues", "/admin/taskhoster/queue/"),
         ("threads", "/admin/taskhoster/thread/"),
         ("overview", "/admin/taskhoster/queue/overview/"),
+        ("overview, live redraw", "/admin/taskhoster/queue/overview/", LIVE),
+        ("queue page", f"/admin/taskhoster/queue/{q}/change/"),
+        ("queue page, live redraw", f"/admin/taskhoster/queue/{q}/change/", LIVE),
+        ("item page (processing)", f"/admin/taskhoster/item/{sample['processing']}/change/"),
+        (
+            "item page, live redraw",
+            f"/admin/taskhoster/item/{sample['processing']}/change/",
+            LIVE,
+        ),
+        ("items in flight", "/admin/taskhoster/item/processing/"),
+        ("items in flight, live redraw", "/admin/taskhoster/item/processing/", LIVE),
+        ("items in flight ?queue", "/admin/taskhoster/item/processing/?queue=emails", LIVE),
+        ("workers", "/admin/taskhoster/workersocket/"),
+        ("workers, live redraw", "/admin/taskhoster/workersocket/", LIVE),
+        (
+            "items ?status=failed&error",
+            f"/admin/taskhoster/item/?status__exact=failed&queue__id__exact={q}&error=boom",
+        ),
+        (
+            "cancel matching: confirm page",
+            f"/admin/taskhoster/item/cancel-matching/?queue__id__exact={q}&status__exact=pending",
+        ),
+        (
+            "restart matching: confirm page",
+            f"/admin/taskhoster/item/restart-matching/?queue__id__exact={q}&error=boom",
+        ),
     ]
     print(f"{'page':34} {'median ms':>10} {'max ms':>8}")
-    for name, url in pages:
-        response = client.get(url)
+    for name, url, *headers in pages:
+        extra = headers[0] if headers else {}
+        response = client.get(url, **extra)
         assert response.status_code == 200, (url, response.status_code)
         times = []
         for _ in range(args.repeat):
             t0 = time.perf_counter()
-            response = client.get(url)
+            response = client.get(url, **extra)
             times.append((time.perf_counter() - t0) * 1000)
             assert response.status_code == 200
         print(f"{name:34} {statistics.median(times):10.1f} {max(times):8.1f}")
