@@ -142,6 +142,13 @@ def insert(con: sqlite3.Connection, rows: Sequence[tuple[object, ...]]) -> None:
     )
 
 
+def column(name: str) -> int:
+    """The number ``?o=`` gives the item list's column ``name`` (the selection box is 0)."""
+    from taskhoster.admin.items import ItemAdmin
+
+    return ItemAdmin.list_display.index(name) + 1
+
+
 def workers(now: datetime, sockets: int = 50, each: int = 20) -> None:
     """A live server process with ``sockets`` workers holding ``each`` processing items each,
     as the registry writes them (the workers page reads these rows)."""
@@ -215,7 +222,7 @@ def main() -> None:
             f"/admin/taskhoster/item/?queue__id__exact={q}&status__exact=pending",
         ),
         ("items page 50", "/admin/taskhoster/item/?p=50"),
-        ("items sorted by scheduledAt", "/admin/taskhoster/item/?o=6"),
+        ("items sorted by scheduledAt", f"/admin/taskhoster/item/?o={column('scheduled')}"),
         ("items search id", f"/admin/taskhoster/item/?q={sample['id']}"),
         ("items search key", f"/admin/taskhoster/item/?q={sample['key']}"),
         ("items search threadId", f"/admin/taskhoster/item/?q={sample['thread']}"),

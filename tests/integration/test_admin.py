@@ -598,3 +598,17 @@ def test_a_view_only_staff_user_cannot_revoke_a_key() -> None:
         },
     )
     assert authenticate(secret) is None
+
+
+def test_the_item_list_sorts_only_by_the_columns_an_index_serves(
+    staff: Client, make_queue: Any
+) -> None:
+    make_queue("q")
+    for n in range(3):
+        post("q", n)
+    by_attempts = item_admin.ItemAdmin.list_display.index("attempts") + 1
+    scheduled = item_admin.ItemAdmin.list_display.index("scheduled") + 1
+    unindexed = staff.get(ITEMS, {"o": str(by_attempts)}).context["cl"]
+    assert "attempts" not in str(unindexed.queryset.query.order_by)
+    indexed = staff.get(ITEMS, {"o": str(scheduled)}).context["cl"]
+    assert "scheduled_at" in str(indexed.queryset.query.order_by)
