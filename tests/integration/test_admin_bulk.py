@@ -89,7 +89,7 @@ def error_choices(client: Client, **params: Any) -> list[tuple[str, str]]:
     response = client.get(ITEMS, params)
     assert response.status_code == 200
     (spec,) = [f for f in response.context["cl"].filter_specs if isinstance(f, bulk.ErrorFilter)]
-    return list(spec.lookup_choices)
+    return [(str(value), str(label)) for value, label in spec.lookup_choices]
 
 
 def listed(client: Client, **params: Any) -> set[str]:
