@@ -41,6 +41,8 @@ ERROR_CHOICES = 10
 ERROR_LABEL_CHARS = 80
 # The list's queue filter (Django's filter of the ``queue`` foreign key).
 QUEUE_PARAM = "queue__id__exact"
+# The list's parameters that are not filters: search, order, page, and the error flag.
+LIST_PARAMS = frozenset({"q", "o", "p", "e"})
 
 RESTART_NOTE = (
     "Only failed items are restarted: each becomes a new pending arrival, its attempts and "
@@ -82,6 +84,9 @@ class BulkAdmin(admin.ModelAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
+        if "\x00" in unquote(object_id):  # no id holds one (PostgreSQL refuses to look)
+            self.message_user(request, "No item has that id.", messages.WARNING)
+            return HttpResponseRedirect(reverse("admin:taskhoster_item_changelist"))
         failed = Item.objects.filter(pk=unquote(object_id), status=Status.FAILED).exists()
         extra = {
             **(extra_context or {}),
@@ -90,8 +95,23 @@ class BulkAdmin(admin.ModelAdmin):
         return super().change_view(request, object_id, form_url, extra_context=extra)
 
     def _filtered(self, request: HttpRequest) -> QuerySet[Item]:
-        """What the item list shows with the request's query string (its filters, search)."""
-        return self.get_changelist_instance(request).get_queryset(request).order_by()
+        """What the item list shows with the request's query string (its filters, search),
+        for an action on all of it: ``IncorrectLookupParameters`` unless every filter the
+        query string names is applied. Django drops a filter that has nothing to offer (the
+        queue filter while one queue exists) and ignores its parameter: a bad or stale
+        ``queue__id__exact`` would then make "all matching" mean every item."""
+        changelist = self.get_changelist_instance(request)
+        applied = {p for spec in changelist.filter_specs for p in spec.expected_parameters()}
+        unknown = set(request.GET) - applied - LIST_PARAMS - {QUEUE_PARAM}
+        if unknown:
+            raise IncorrectLookupParameters(f"not a filter of the list: {sorted(unknown)}")
+        queryset = changelist.get_queryset(request).order_by()
+        if QUEUE_PARAM in request.GET:
+            queue_id = chosen_queue(request)
+            if queue_id is None or not Queue.objects.filter(pk=queue_id).exists():
+                raise IncorrectLookupParameters("no such queue")
+            queryset = queryset.filter(queue_id=queue_id)
+        return queryset
 
     def _to_list(self, request: HttpRequest) -> HttpResponseRedirect:
         """Back to the item list, filtered as the request's query string says."""
@@ -100,7 +120,13 @@ class BulkAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(f"{back}?{query}" if query else back)
 
     def _matching_page(
-        self, request: HttpRequest, *, title: str, note: str, reason: bool
+        self,
+        request: HttpRequest,
+        *,
+        title: str,
+        note: str,
+        reason: bool,
+        touched: tuple[Status, ...],
     ) -> HttpResponse | QuerySet[Item]:
         """The checks and the confirmation page of a "... all matching the filter" view: the
         filtered queryset once the POST confirms, else the response to give."""
@@ -118,7 +144,8 @@ class BulkAdmin(admin.ModelAdmin):
             request,
             action="",
             title=title,
-            counts=status_counts(queryset),
+            # What it will act on: the matching items in the states it touches.
+            counts=status_counts(queryset.filter(status__in=touched)),
             ids=None,
             note=note + MATCHING_NOTE,
             reason_max=REASON_MAX_CHARS if reason else 0,
@@ -128,7 +155,11 @@ class BulkAdmin(admin.ModelAdmin):
         """The "Cancel all matching the filter" page: its pending and processing items,
         through ``engine.cancel``, with the optional reason typed on the confirmation page."""
         found = self._matching_page(
-            request, title="Cancel every item matching the filter?", note=CANCEL_NOTE, reason=True
+            request,
+            title="Cancel every item matching the filter?",
+            note=CANCEL_NOTE,
+            reason=True,
+            touched=LIVE_STATUSES,
         )
         if isinstance(found, HttpResponse):
             return found
@@ -149,6 +180,7 @@ class BulkAdmin(admin.ModelAdmin):
             title="Restart every item matching the filter?",
             note=RESTART_NOTE,
             reason=False,
+            touched=(Status.FAILED,),
         )
         if isinstance(found, HttpResponse):
             return found
@@ -163,7 +195,7 @@ class BulkAdmin(admin.ModelAdmin):
             raise PermissionDenied("restarting items needs the permission to change items")
         item_id = unquote(object_id)
         found = Item.objects.filter(pk=item_id)
-        if not found.exists():
+        if "\x00" in item_id or not found.exists():
             self.message_user(request, f"Item {item_id} does not exist.", messages.WARNING)
             return HttpResponseRedirect(reverse("admin:taskhoster_item_changelist"))
         back = item_url(item_id)
@@ -270,6 +302,8 @@ class ErrorFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Item]) -> QuerySet[Item]:
         value = self.value()
+        if value is not None and "\x00" in value:
+            raise IncorrectLookupParameters("an error never holds a NUL character")
         return queryset if value is None else queryset.filter(error=value)
 
 
@@ -278,10 +312,12 @@ def cut(text: str) -> str:
 
 
 def chosen_queue(request: HttpRequest) -> int | None:
+    """The queue id the list's queue filter chose, when it is one a row could have."""
     try:
-        return int(request.GET.get(QUEUE_PARAM, ""))
+        queue_id = int(request.GET.get(QUEUE_PARAM, ""))
     except ValueError:
         return None
+    return queue_id if 0 < queue_id < 2**63 else None
 
 
 def common_errors(queue_id: int | None) -> list[str]:

@@ -4,6 +4,7 @@ show them), links, times to the second, and the confirmation page of the item ac
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import cached_property
@@ -27,6 +28,8 @@ from ..timeutil import now as utcnow
 
 # Counts made here (never the kept per-queue counts) stop at this many rows ("10000+").
 COUNT_CAP = 10_000
+# A page number past this is taken as this one (a database refuses an offset of 20 digits).
+MAX_PAGE = 1_000_000
 # A list counts only this many pages past the one asked for.
 PAGES_AHEAD = 10
 # What finished or failed this recently is shown per queue.
@@ -55,7 +58,7 @@ class CappedPaginator(Paginator):
 
 def paginator_for(request: Any, queryset: Any, per_page: int) -> CappedPaginator:
     try:
-        page = max(1, int(request.GET.get("p", 1)))
+        page = min(max(1, int(request.GET.get("p", 1))), MAX_PAGE)
     except ValueError:
         page = 1
     paginator = CappedPaginator(queryset, per_page)
@@ -259,7 +262,11 @@ def fraction(value: Any) -> float | None:
 def plain_number(value: Any) -> float | None:
     """``value`` as a float when it is a JSON number (never a boolean), else None."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer of 310 digits or more: JSON allows it
+            return None
+        return number if math.isfinite(number) else None
     return None
 
 

@@ -120,7 +120,8 @@ class WorkInFlightAdmin(admin.ModelAdmin):
     ) -> HttpResponse:
         """The "History" button of an item's page: its attempts (the admin's log, Django's
         history, never has an entry for an item: every change goes through the engine)."""
-        obj = self.get_object(request, unquote(object_id))
+        item_id = unquote(object_id)
+        obj = None if "\x00" in item_id else self.get_object(request, item_id)
         if obj is None:
             return self._gone(request, object_id)
         if not self.has_view_or_change_permission(request, obj):
@@ -146,7 +147,7 @@ class WorkInFlightAdmin(admin.ModelAdmin):
             raise PermissionDenied("cancelling items needs the permission to change items")
         item_id = unquote(object_id)
         found = Item.objects.filter(pk=item_id)
-        if not found.exists():
+        if "\x00" in item_id or not found.exists():
             return self._gone(request, item_id)
         back = item_url(item_id)
         if request.method == "POST" and request.POST.get("confirm") == "yes":

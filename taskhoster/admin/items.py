@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
@@ -24,6 +25,7 @@ from .. import engine
 from ..errors import TaskhosterError
 from ..models import Item, Queue
 from ..timeutil import now as utcnow
+from . import live
 from .bulk import BulkAdmin, ErrorFilter, dead_letter_copy, restart_items, restart_note
 from .common import (
     CappedPaginator,
@@ -37,6 +39,8 @@ from .inflight import WorkInFlightAdmin
 from .processing import processing_view
 
 DELETE_CHUNK = 500
+# The item page's box drawn once (never redrawn live): the file's payload and result.
+PAYLOAD_FIELDSET = "Payload and result"
 
 
 class AttemptsFilter(admin.SimpleListFilter):
@@ -219,9 +223,17 @@ class ItemAdmin(BulkAdmin, WorkInFlightAdmin):
     fieldsets = (
         (None, {"fields": ROW_FIELDS}),
         ("History: the attempts", {"fields": ("attempt_history",)}),
-        ("Payload and result", {"fields": ("payload", "result")}),
+        (PAYLOAD_FIELDSET, {"fields": ("payload", "result")}),
     )
     readonly_fields = (*ROW_FIELDS, "attempt_history", "payload", "result")
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The page's boxes; a live redraw leaves out the payload and result, which it does
+        not redraw (the file is not read every second, nor sent)."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if live.wanted(request):
+            return [f for f in fieldsets if f[0] != PAYLOAD_FIELDSET]
+        return fieldsets
 
     # Read-only: every change goes through the actions below, which call the engine.
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -400,8 +412,12 @@ class ItemAdmin(BulkAdmin, WorkInFlightAdmin):
     def delete_matching_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_engine_delete_permission(request):
             raise PermissionDenied("deleting items needs the permission to delete items")
-        queryset = self._filtered(request)
         back = reverse("admin:taskhoster_item_changelist")
+        try:
+            queryset = self._filtered(request)
+        except IncorrectLookupParameters:
+            self.message_user(request, "The filter is not valid: nothing done.", messages.ERROR)
+            return HttpResponseRedirect(back)
         query = request.META.get("QUERY_STRING", "")
         if request.method == "POST" and request.POST.get("confirm") == "yes":
             deleted = delete_matching(queryset)

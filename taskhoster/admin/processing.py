@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from django.contrib import admin
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.db.models import Sum
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -91,6 +91,8 @@ def processing_view(request: HttpRequest) -> HttpResponse:
         raise PermissionDenied("items in flight need the permission to view items")
     counts = processing_counts()
     chosen = request.GET.get("queue") or None
+    if chosen is not None and "\x00" in chosen:
+        raise BadRequest("a queue name never holds a NUL character")
     at = utcnow()
     rows = [row_cells(row, at) for row in in_flight(chosen)]
     total = counts.get(chosen, 0) if chosen else sum(counts.values())

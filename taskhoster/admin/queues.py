@@ -73,6 +73,12 @@ class QueueForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Each field carries the value the page showed (a hidden input): what was changed
+        # on the form is told against that, not against the row as it is at the save. A
+        # post without them (a script's) is told against the row.
+        shown = not self.is_bound or any(str(k).startswith("initial-") for k in self.data)
+        for field in self.fields.values():
+            field.show_hidden_initial = shown
         rate = self.instance.rate_limit if self.instance.pk else None
         if isinstance(rate, dict):
             self.initial.setdefault("rate_count", rate.get("count"))
@@ -234,7 +240,15 @@ class QueueAdmin(admin.ModelAdmin):
         return with_stats(super().get_queryset(request).filter(deleting=False))
 
     def save_model(self, request: HttpRequest, obj: Queue, form: Any, change: bool) -> None:
-        queue, _created = engine.upsert_queue(name=obj.name, body=form.wire_body())
+        body = form.wire_body()
+        if change:
+            # Only what was changed on the form: a setting changed elsewhere since the page
+            # loaded (a pause from the list or the API, say) is not put back.
+            changed = {FIELD_TO_WIRE[f] for f in form.changed_data if f in FIELD_TO_WIRE}
+            if set(RATE_FIELDS) & set(form.changed_data):
+                changed.add("rateLimit")
+            body = {wire: value for wire, value in body.items() if wire in changed}
+        queue, _created = engine.upsert_queue(name=obj.name, body=body)
         obj.pk = queue.pk
         obj.created_at = queue.created_at
 

@@ -124,7 +124,11 @@ class WorkerAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied("the workers page needs the permission to view worker sockets")
         sockets = registry.workers()
-        items = held_rows(sockets)
+        # How long each item has been held, and its progress: for those who may see items.
+        may_see_items = request.user.has_perm("taskhoster.view_item") or request.user.has_perm(
+            "taskhoster.change_item"
+        )
+        items = held_rows(sockets) if may_see_items else {}
         names = processes()
         rows = [
             {

@@ -373,3 +373,75 @@ def test_a_matching_page_with_a_filter_that_is_not_valid_does_nothing_and_says_s
     )
     assert "The filter is not valid: nothing done." in said(answer)
     assert statuses([i for ids in boom.values() for i in ids]) == {"failed"}
+
+
+# -- bad filters change nothing -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "?queue__id__exact=abc",
+        "?queue__id__exact=0",
+        "?queue__id__exact=999999",
+        "?queue__id__exact=99999999999999999999999999",
+        "?nothing_of_the_list=1",
+    ],
+)
+def test_an_all_matching_action_with_a_filter_not_applied_acts_on_nothing(
+    staff: Client, make_queue: Any, query: str
+) -> None:
+    """With one queue, Django drops its queue filter and ignores the parameter: "all matching"
+    would have meant every item. A filter not applied, or a queue that is not there, refuses
+    the action."""
+    make_queue("only")
+    waiting = pending("only", 3)
+    token = csrf(staff)
+    for url in (CANCEL_MATCHING, ITEMS + "delete-matching/"):
+        shown = staff.get(url + query)
+        assert shown.status_code == 302, "no confirmation page for a filter not applied"
+        answer = staff.post(url + query, {"confirm": "yes", "csrfmiddlewaretoken": token})
+        assert answer.status_code == 302
+    assert set(Item.objects.filter(status="pending").values_list("id", flat=True)) == set(
+        waiting
+    ), "nothing cancelled or deleted"
+
+
+def test_the_confirmation_counts_only_the_items_the_action_will_touch(
+    staff: Client, make_queue: Any
+) -> None:
+    make_queue("a")
+    make_queue("b")
+    failed("a", "boom", 2)
+    pending("a", 3)
+    query = f"?queue__id__exact={queue_id('a')}"
+    assert staff.get(RESTART_MATCHING + query).context["total"] == 2, "the failed ones"
+    assert staff.get(CANCEL_MATCHING + query).context["total"] == 3, "the pending ones"
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["?p=99999999999999999999", "?queue__id__exact=-99999999999999999999", "?error=%00"],
+)
+def test_the_item_list_and_its_matching_pages_answer_odd_parameters_without_a_500(
+    staff: Client, make_queue: Any, query: str
+) -> None:
+    make_queue("a")
+    make_queue("b")
+    pending("a")
+    for url in (ITEMS, CANCEL_MATCHING, RESTART_MATCHING):
+        assert staff.get(url + query).status_code in (200, 302), url
+
+
+@pytest.mark.parametrize("nul", ["%00", "_00"])  # the admin's own quoting: _00 is NUL
+def test_an_item_id_with_a_nul_character_is_no_item_and_no_500(
+    staff: Client, make_queue: Any, nul: str
+) -> None:
+    """PostgreSQL refuses to compare text with a NUL character: every item page says the
+    item is not there instead."""
+    make_queue("q")
+    pending("q")
+    base = f"/admin/taskhoster/item/{nul}"
+    for tail in ("/change/", "/history/", "/cancel/", "/restart/"):
+        assert staff.get(base + tail).status_code in (302, 404), tail
+    assert staff.get("/admin/taskhoster/item/processing/?queue=%00").status_code == 400

@@ -20,6 +20,7 @@ from django.urls import reverse
 from taskhoster import engine
 from taskhoster.admin.common import fraction, lease_left
 from taskhoster.engine import NewItem
+from taskhoster.models import Queue
 from taskhoster.timeutil import now as utcnow
 
 pytestmark = pytest.mark.django_db
@@ -149,13 +150,14 @@ def test_an_item_page_redraws_holder_lease_and_progress_and_says_when_it_is_gone
     page = reverse("admin:taskhoster_item_change", args=[item_id])
     first = regions(staff, page)
     assert 'id="th-cancel"' in first["tools"]
+    assert set(first) == {"tools", "fieldset-1", "fieldset-2"}, "no payload in a redraw"
     claimed = held("q", "indexer-7")
     engine.report_progress(item_id=item_id, lease=claimed.lease, progress={"done": 3, "of": 4})
     then = regions(staff, page)
-    assert "indexer-7" in then["fields"]
-    assert 'value="0.7500"' in then["fields"], "a bar"
-    assert "75%" in then["fields"]
-    assert "s left" in then["fields"], "the lease's time left"
+    assert "indexer-7" in then["fieldset-1"]
+    assert 'value="0.7500"' in then["fieldset-1"], "a bar"
+    assert "75%" in then["fieldset-1"]
+    assert "s left" in then["fieldset-1"], "the lease's time left"
     engine.delete_items(item_ids=[item_id])
     gone = json.loads(staff.get(page, **LIVE).content)  # type: ignore[arg-type]
     assert gone["gone"] is True
@@ -216,3 +218,41 @@ def test_a_lease_is_shown_as_time_left_or_lapsed() -> None:
     assert lease_left(now + timedelta(seconds=42.5), now) == "42 s left"
     assert lease_left(now - timedelta(seconds=3), now) == "lapsed 3 s ago"
     assert lease_left(None, now) == "-"
+
+
+def test_a_progress_number_too_large_for_a_float_draws_no_bar_and_breaks_no_page(
+    staff: Client, make_queue: Any
+) -> None:
+    make_queue("q")
+    (item_id,) = post("q")
+    claimed = held("q", "w")
+    huge = 10**400
+    engine.report_progress(
+        item_id=item_id, lease=claimed.lease, progress={"done": huge, "of": huge}
+    )
+    for url in (reverse("admin:taskhoster_item_change", args=[item_id]), PROCESSING):
+        answer = staff.get(url)
+        assert answer.status_code == 200
+        assert "th-progress-bar" not in answer.content.decode()
+
+
+def test_saving_a_queue_form_keeps_a_pause_made_elsewhere_since_it_loaded(
+    staff: Client, make_queue: Any
+) -> None:
+    queue = make_queue("q", leaseSeconds=60)
+    page = reverse("admin:taskhoster_queue_change", args=[queue.pk])
+    form = staff.get(page).context["adminform"].form
+    data: dict[str, Any] = {}
+    for name in form.fields:
+        value = form.initial.get(name)
+        shown = "" if value is None else value
+        data[f"initial-{name}"] = shown  # the hidden input with what the page showed
+        data[name] = shown
+    data = {k: v for k, v in data.items() if v is not False}
+    engine.upsert_queue(name="q", body={"paused": True})  # from the API, meanwhile
+    data["lease_seconds"] = 90
+    answer = staff.post(page, data)
+    assert answer.status_code == 302, answer.content[:500]
+    row = Queue.objects.get(name="q")
+    assert row.lease_seconds == 90
+    assert row.paused is True, "the save sent only what was changed on the form"
