@@ -31,9 +31,6 @@ from ..timeutil import now as utcnow
 from ..timeutil import to_wire
 
 HEADER = "HTTP_X_TASKHOSTER_LIVE"
-# How often an open tab asks (the script's default; a page may say another in
-# ``data-th-live``). Within 2 s of a change, with a second for the answer.
-POLL_MS = 1000
 REGION = re.compile(r"<!--live:([a-z0-9-]+)-->(.*?)<!--/live:\1-->", re.S)
 
 

@@ -5,26 +5,25 @@ and a cancel link. The ones whose lease ends soonest come first (the lease clock
 
 This is the item list of processing items that moves by itself. Django's item list stays as
 it is (its selection boxes belong to Django's action script, and rows moving under the
-pointer would make a selection unsafe); it links here when filtered to processing.
+pointer would make a selection unsafe); it links here.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import BadRequest, PermissionDenied
-from django.db.models import Sum
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.utils.html import format_html
 
-from ..models import Item, QueueCount
+from .. import engine
+from ..models import Item, Queue
 from ..status import Status
 from ..timeutil import now as utcnow
 from . import live
 from .common import duration, item_link, lease_left, progress_bar, when
+from .inflight import progress_cell
 
 # The items shown (the rest counted).
 SHOWN = 200
@@ -40,13 +39,12 @@ COLUMNS = (
 
 
 def processing_counts() -> dict[str, int]:
-    """Processing items per queue, from the counts the commits keep (no item row read)."""
-    rows = (
-        QueueCount.objects.filter(status=Status.PROCESSING, queue__deleting=False)
-        .values("queue__name")
-        .annotate(total=Sum("n"))
-    )
-    return {row["queue__name"]: int(row["total"] or 0) for row in rows if row["total"]}
+    """Processing items per queue with any, from the counts the commits keep (the engine's
+    ``counts_by_queue``: no item row read)."""
+    queues = dict(Queue.objects.filter(deleting=False).values_list("id", "name"))
+    counts = engine.counts_by_queue(list(queues))
+    processing = {queues[q]: c.get(Status.PROCESSING.value, 0) for q, c in counts.items()}
+    return {name: n for name, n in processing.items() if n}
 
 
 def in_flight(queue: str | None, limit: int = SHOWN) -> list[dict[str, Any]]:
@@ -74,13 +72,8 @@ def row_cells(row: dict[str, Any], at: Any) -> dict[str, Any]:
         "lease": lease_left(row["lease_expires_at"], at),
         "attempts": row["attempts"],
         "bar": progress_bar(progress),
-        "progress": "-" if progress is None else live_json(progress),
+        "progress": "-" if progress is None else progress_cell(progress),
     }
-
-
-def live_json(value: Any) -> Any:
-    text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
-    return format_html('<code class="th-progress-line" title="{}">{}</code>', text[:500], text[:80])
 
 
 def processing_view(request: HttpRequest) -> HttpResponse:
