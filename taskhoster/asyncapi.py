@@ -62,6 +62,13 @@ ORIGIN = Body(
         Field("attempts", "integer", required=True, minimum=0),
     ),
 )
+ITEM_SCHEDULE = Body(
+    "ItemSchedule",
+    (
+        Field("name", "string", required=True, pattern="queue", description="The schedule."),
+        Field("slot", "time", required=True, description="The slot the item was posted for."),
+    ),
+)
 ITEM_FRAME = Body(
     "ItemFrame",
     (
@@ -103,7 +110,14 @@ ITEM_FRAME = Body(
             description="Null: the item is not done.",
         ),
         _always(contract.ERROR_TEXT, description="The cause of the last re-queue, if any."),
-        _always(_POSTED["key"]),
+        # (The server's keys include its schedules' slots, which a producer may not use.)
+        _always(_POSTED["key"], pattern=None),
+        Field(
+            "schedule",
+            "object",
+            body=ITEM_SCHEDULE,
+            description="Set on an item a schedule posted: its name and slot.",
+        ),
         Field("origin", "object", body=ORIGIN, description="Set on a dead-letter copy."),
         Field(
             "progress",

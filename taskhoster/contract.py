@@ -29,7 +29,7 @@ from typing import Any
 from .conf import Conf, get_conf
 from .errors import InvalidInput, TooLarge
 from .ids import ID_PATTERN
-from .patterns import is_printable, is_wire_time
+from .patterns import is_printable, is_producer_key, is_wire_time
 from .status import Status
 from .store import QUEUE_NAME_PATTERN
 from .timeutil import parse_wire
@@ -193,6 +193,11 @@ def _check(spec: Field, value: Any, name: str) -> Any:
             raise InvalidInput(f"{name} may hold only letters, digits, '_' and '-'", code=spec.code)
         if spec.pattern == "queue" and QUEUE_NAME_PATTERN.fullmatch(value) is None:
             raise InvalidInput(f"{name} must be a queue name", code=spec.code)
+        if spec.pattern == "key" and not is_producer_key(value):
+            raise InvalidInput(
+                f"{name} must not begin with 'schedule:' (the keys of schedules' slots)",
+                code=spec.code,
+            )
         return value
     if kind == "integer" or kind == "number":
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -401,12 +406,86 @@ POST_ITEM = Body(
             nullable=True,
             min_length=1,
             max_length=KEY_MAX_CHARS,
-            description="Idempotency key: a post repeating a live key gets that item.",
+            pattern="key",
+            description="Idempotency key: a post repeating a live key gets that item. Keys "
+            "beginning with schedule: are the server's (a schedule's slots).",
         ),
         PRIORITY,
     ),
     at_most_one_of=(("scheduledAt", "delaySeconds"),),
     description="One item to post.",
+)
+# Section 8.3: a schedule's definition (``PUT /api/queues/{queue}/schedules/{name}``). Those
+# left out of a change keep their value; a new schedule needs cron or every, and payload.
+MAX_EVERY_SECONDS = 366 * 86400
+MAX_CATCHUP_SECONDS = 366 * DAY
+SCHEDULE = Body(
+    "ScheduleSettings",
+    (
+        Field(
+            "cron",
+            "string",
+            min_length=1,
+            max_length=200,
+            printable=True,
+            code="invalid_schedule",
+            description="Five cron fields (minute hour day-of-month month day-of-week: */n, "
+            "ranges, lists, month and day names), in the schedule's timezone. Instead of every.",
+        ),
+        Field(
+            "every",
+            "integer",
+            minimum=1,
+            maximum=MAX_EVERY_SECONDS,
+            code="invalid_schedule",
+            description="Seconds between slots, counted from the Unix epoch (every: 3600 is at "
+            "the top of each UTC hour). Instead of cron.",
+        ),
+        Field(
+            "timezone",
+            "string",
+            min_length=1,
+            max_length=64,
+            printable=True,
+            code="invalid_schedule",
+            description="The IANA timezone a cron is read in (default UTC).",
+        ),
+        Field(
+            "payload",
+            "json",
+            nullable=True,
+            sized=True,
+            description="Each slot's item's payload (required for a new schedule).",
+        ),
+        replace(THREAD_ID, nullable=True),
+        PRIORITY,
+        Field(
+            "overlap",
+            "choice",
+            choices=("allow", "skip"),
+            code="invalid_schedule",
+            description='"allow" (default): every slot posts; "skip": a slot posts nothing '
+            "while the schedule's previous item is not terminal.",
+        ),
+        Field(
+            "catchupSeconds",
+            "number",
+            minimum=0,
+            maximum=MAX_CATCHUP_SECONDS,
+            code="invalid_schedule",
+            description="A slot found late (nothing ran at its time) is posted if at most this "
+            "late (default 60), oldest first; later than that it is skipped.",
+        ),
+        Field(
+            "paused",
+            "boolean",
+            code="invalid_schedule",
+            description="While on, no slot is posted; at resume the next slot after that "
+            "moment is the first.",
+        ),
+    ),
+    at_most_one_of=(("cron", "every"),),
+    description="A schedule's definition; those left out of a change keep their value.",
 )
 POST_BATCH = Body(
     "PostBatch",

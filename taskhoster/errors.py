@@ -55,6 +55,12 @@ class ItemNotFound(NotFound):
     code = "item_not_found"
 
 
+class ScheduleNotFound(NotFound):
+    """No such schedule in the queue."""
+
+    code = "schedule_not_found"
+
+
 class WorkerNotFound(NotFound):
     """No such worker socket (or its server process is gone)."""
 

@@ -34,6 +34,10 @@ CRASH_POINTS = (
     "result.after_done_file",
     "result.after_commit",
     "requeue.after_pending_file",
+    # A schedule's slot (engine.group._fire): its item's file written, neither its row nor
+    # the schedule's next slot committed; and both committed, the file not yet flushed.
+    "schedule.after_post",
+    "schedule.after_commit",
     # store.FileBatch: an item file's line appended, the file not yet renamed into its new
     # state's directory (every transition that writes a line: a verdict, a re-queue, ...).
     "file.after_append",

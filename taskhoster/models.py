@@ -209,6 +209,47 @@ class Item(models.Model):
         return self.id
 
 
+class Schedule(models.Model):
+    """A schedule of a queue (SPEC section 8.3): every slot of its ``cron`` (in ``timezone``)
+    or of its ``every`` posts one item, under the key ``schedule:<name>:<slot>``.
+
+    ``next_at`` is the slot the sweep posts next; only due, unpaused schedules are read
+    (``schedule_due``). ``rev`` grows with every change of the definition, so a sweep that
+    read an older one posts nothing for it (``engine.schedules``)."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="schedules")
+    name = models.CharField(max_length=64)
+    cron = models.CharField(max_length=200, null=True, blank=True)
+    every = models.PositiveIntegerField(null=True, blank=True)
+    timezone = models.CharField(max_length=64, default="UTC")
+    payload = models.JSONField(null=True, blank=True)
+    thread_id = models.CharField(max_length=200, null=True, blank=True)
+    priority = models.PositiveSmallIntegerField(default=0)
+    overlap = models.CharField(
+        max_length=8, choices=[("allow", "allow"), ("skip", "skip")], default="allow"
+    )
+    catchup_seconds = models.FloatField(default=60.0)
+    paused = models.BooleanField(default=False)
+    next_at = models.DateTimeField(null=True, blank=True)
+    last_slot = models.DateTimeField(null=True, blank=True)
+    last_item = models.CharField(max_length=64, null=True, blank=True)
+    # Makes the ids of this schedule's items (``slots.slot_item_id``); new when it is made again.
+    salt = models.CharField(max_length=32)
+    rev = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["queue", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "name"], name="schedule_unique_per_queue")
+        ]
+        indexes = [models.Index(fields=["next_at"], condition=Q(paused=False), name="schedule_due")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class QueueCount(models.Model):
     """Items per queue and status, kept by every group commit in the same transaction as the
     rows it changes, so counts cost the same with a thousand items or a million.

@@ -12,6 +12,9 @@ ID = "^[A-Za-z0-9_-]{1,64}$"
 QUEUE = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 # Text a file and the database keep intact: no NUL.
 TEXT = "^[^\\u0000]*$"
+# A producer's idempotency key: text, but not beginning with ``schedule:``, which names a
+# schedule's slots (SPEC section 8.3; a producer's item there would stand in for a slot's).
+KEY = "^(?!schedule:)[^\\u0000]*$"
 # Printable text (a threadId): no control character (C0, DEL, C1). (A lone surrogate is
 # refused too, but no request can carry one: the JSON parser refuses them, and a path or
 # query string is UTF-8.)
@@ -27,6 +30,7 @@ SENT_TIME = "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]+)?Z
 CURSOR = "^[A-Za-z0-9_-]*$"
 
 _PRINTABLE = re.compile(PRINTABLE)
+_KEY = re.compile(KEY)
 _TIME = re.compile(TIME)
 _SURROGATE = re.compile("[\\ud800-\\udfff]")
 
@@ -37,3 +41,7 @@ def is_printable(text: str) -> bool:
 
 def is_wire_time(text: str) -> bool:
     return _TIME.fullmatch(text) is not None
+
+
+def is_producer_key(text: str) -> bool:
+    return _KEY.fullmatch(text) is not None

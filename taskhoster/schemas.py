@@ -20,7 +20,7 @@ Dialect = Literal["openapi", "jsonschema"]
 ID_REGEX = patterns.ID
 QUEUE_REGEX = patterns.QUEUE
 PRINTABLE_REGEX = patterns.PRINTABLE
-PATTERNS = {"id": patterns.ID, "queue": patterns.QUEUE}
+PATTERNS = {"id": patterns.ID, "queue": patterns.QUEUE, "key": patterns.KEY}
 
 
 def _number(value: float | None) -> float | int | None:

@@ -618,14 +618,23 @@ class FileBatch:
     # Lists of files to unlink once the group is durable (see ``apply_unlinks``).
     deferred: list[str] = field(default_factory=list)
 
-    def create(self, queue: str, item_id: str, line: bytes) -> None:
-        """A new item: its file in ``pending/``, holding its first line."""
+    def create(self, queue: str, item_id: str, line: bytes, *, replace: bool = False) -> None:
+        """A new item: its file in ``pending/``, holding its first line.
+
+        ``replace``: a file already at that name is the leftover of an attempt that never
+        committed (an id made the same by every attempt, as a schedule's slot's is, and no
+        row holds it), so it is removed first rather than refused."""
         target = self.store.item_file(queue, State.PENDING, item_id)
         try:
             try:
                 self.store.sys.create(target, line)
             except FileNotFoundError:
                 self.store.ensure_queue(queue)
+                self.store.sys.create(target, line)
+            except FileExistsError:
+                if not replace:
+                    raise
+                self.store.sys.unlink(target)
                 self.store.sys.create(target, line)
         except OSError as exc:
             raise StoreError(f"could not write item file: {exc}") from exc

@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 
-from .api import threads, views
+from .api import schedules, threads, views
 from .api.errors import json_404
 from .api.schema_view import SchemaView
 from .asyncapi import asyncapi_view
@@ -24,6 +24,8 @@ urlpatterns = [
     path("api/queues/<str:queue>/threads", threads.ThreadListView.as_view()),
     # A threadId may hold '/', so it takes the rest of the path.
     path("api/queues/<str:queue>/threads/<path:thread_id>", threads.ThreadDetailView.as_view()),
+    path("api/queues/<str:queue>/schedules", schedules.ScheduleListView.as_view()),
+    path("api/queues/<str:queue>/schedules/<str:name>", schedules.ScheduleView.as_view()),
     path("api/items/<str:item_id>", views.ItemView.as_view()),
     path("api/items/<str:item_id>/restart", views.RestartView.as_view()),
     path("api/items/<str:item_id>/result", views.ResultView.as_view()),

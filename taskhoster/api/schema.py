@@ -230,11 +230,24 @@ TAGS = {
     ),
     **dict.fromkeys(("listWorkers", "drainWorker", "drainWorkers"), "workers"),
     **dict.fromkeys(("listThreads", "getThread"), "threads"),
+    **dict.fromkeys(("listSchedules", "getSchedule", "putSchedule", "deleteSchedule"), "schedules"),
 }
 QUEUE_ERRORS = {400: ["invalid_queue_name"], 404: ["queue_not_found"]}
 WORKER_ERRORS = {400: ["invalid_worker_id"], 404: ["worker_not_found"]}
 ATTEMPT_OUTCOMES = tuple(o.value for o in Outcome)
 ITEM_ERRORS = {400: ["invalid_id"], 404: ["item_not_found"]}
+SCHEDULE_ERRORS = {
+    400: ["invalid_queue_name", "invalid_schedule_name"],
+    404: ["queue_not_found", "schedule_not_found"],
+}
+
+
+def schedule_param() -> OpenApiParameter:
+    return _path(
+        "name",
+        {"type": "string", "pattern": schemas.QUEUE_REGEX, "maxLength": 64},
+        "A schedule of the queue.",
+    )
 
 
 # -- components ----------------------------------------------------------------------------
@@ -306,6 +319,12 @@ def _item_schema(*, claimed: bool = False) -> dict[str, Any]:
         "result": {"description": "The result of a finished item (left out of listings)."},
         "error": {"type": "string", "nullable": True},
         "key": {"type": "string", "nullable": True},
+        "schedule": {
+            "type": "object",
+            "description": "Set on an item a schedule posted (its key is schedule:<name>:<slot>).",
+            "properties": {"name": {"type": "string"}, "slot": TIME},
+            "required": ["name", "slot"],
+        },
         "origin": {"description": "Where a dead-lettered copy came from."},
         "deadLetter": {"type": "string", "description": "The copy's id in the dead-letter queue."},
         "progress": {
@@ -348,6 +367,33 @@ def _page(key: str, item: str) -> dict[str, Any]:
         },
         "required": [key, "next"],
     }
+
+
+def _schedule_schema() -> dict[str, Any]:
+    settings = schemas.body_schema(contract.SCHEDULE)["properties"]
+    nullable = {
+        name: {**settings[name], "nullable": True}
+        for name in ("cron", "every", "threadId", "priority")
+    }
+    properties = {
+        "queue": {"type": "string", "pattern": schemas.QUEUE_REGEX},
+        "name": {"type": "string", "pattern": schemas.QUEUE_REGEX},
+        **settings,
+        **nullable,
+        "nextAt": {
+            **NULLABLE_TIME,
+            "description": "The next slot it posts; null while paused.",
+        },
+        "lastSlot": {**NULLABLE_TIME, "description": "The last slot it posted an item for."},
+        "lastItem": {
+            "type": "string",
+            "nullable": True,
+            "description": "That slot's item (it may be deleted by now).",
+        },
+        "createdAt": TIME,
+        "updatedAt": TIME,
+    }
+    return {"type": "object", "properties": properties, "required": list(properties)}
 
 
 def components() -> dict[str, Any]:
@@ -399,6 +445,9 @@ def components() -> dict[str, Any]:
         "Progress": schemas.body_schema(contract.PROGRESS),
         "Cancel": schemas.body_schema(contract.CANCEL),
         "DrainWorkers": schemas.body_schema(contract.DRAIN_WORKERS),
+        "ScheduleSettings": schemas.body_schema(contract.SCHEDULE),
+        "Schedule": _schedule_schema(),
+        "SchedulePage": _page("schedules", "Schedule"),
         "Progressed": {
             "type": "object",
             "properties": {"accepted": {"type": "boolean"}},

@@ -53,6 +53,17 @@ from .reading import (
 from .removal import QUEUE_DELETED, delete_by_status, delete_queue, reclaim_deleted_queues
 from .repair import RepairReport, rebuild_threads, repair
 from .rules import CANCELLED, LEASE_EXPIRED, TIMEOUT, WORKER_DISCONNECTED, Clock, ItemRow, Outcome
+from .schedules import (
+    ScheduleReport,
+    delete_schedule,
+    fire_due,
+    get_schedule,
+    list_schedules,
+    put_schedule,
+    schedule_wire,
+    validate_schedule_name,
+)
+from .slots import schedule_of_key
 from .tally import OPENS
 from .threads import (
     ThreadView,
@@ -115,6 +126,7 @@ __all__ = [
     "RepairReport",
     "Requeue",
     "Result",
+    "ScheduleReport",
     "SweepReport",
     "ThreadView",
     "Verdict",
@@ -132,13 +144,16 @@ __all__ = [
     "delete_item",
     "delete_items",
     "delete_queue",
+    "delete_schedule",
     "execute",
     "execute_async",
     "extend",
     "fail",
+    "fire_due",
     "get_item",
     "get_live_queue",
     "get_row",
+    "get_schedule",
     "get_thread",
     "held_by_queue",
     "held_for",
@@ -146,6 +161,7 @@ __all__ = [
     "item_json",
     "item_queue",
     "list_items",
+    "list_schedules",
     "list_threads",
     "live_queue_names",
     "live_queues",
@@ -155,6 +171,7 @@ __all__ = [
     "overloaded",
     "post_items",
     "post_items_soon",
+    "put_schedule",
     "queue_settings",
     "rebuild_threads",
     "reclaim_deleted_queues",
@@ -165,6 +182,8 @@ __all__ = [
     "requeue_if_lapsed",
     "restart",
     "run_child",
+    "schedule_of_key",
+    "schedule_wire",
     "start_committer",
     "start_is_held",
     "store_root",
@@ -176,6 +195,7 @@ __all__ = [
     "time_out_if_aged",
     "upsert_queue",
     "validate_queue_name",
+    "validate_schedule_name",
     "wait_for_news",
     "wait_for_verdict",
 ]

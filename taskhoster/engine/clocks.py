@@ -1,5 +1,5 @@
-"""The sweep (rule 12): re-queue lapsed leases, fail aged items, delete retained ones, and
-reclaim the items of deleted queues.
+"""The sweep (rule 12): post schedules' due slots (section 8.3), re-queue lapsed leases, fail
+aged items, delete retained ones, and reclaim the items of deleted queues.
 
 Each clock is a query over the index, walked in keyset chunks of ``SWEEP_CHUNK`` rows; each
 chunk is one operation of a group commit that re-checks the rule for every item under the
@@ -30,6 +30,7 @@ from .pacing import Pacer, background
 from .removal import reclaim_deleted_queues
 from .rows import ITEM, adapt_time
 from .rules import Clock
+from .schedules import ScheduleReport, fire_due
 from .transitions import apply_clock
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,15 @@ class SweepReport:
     queues: int = 0
     reclaimed: int = 0
     errors: list[str] = field(default_factory=list)
+    schedules: ScheduleReport = field(default_factory=ScheduleReport)
+
+    @property
+    def changed(self) -> bool:
+        """Whether the pass did anything worth a line of the log."""
+        s = self.schedules
+        return bool(
+            self.requeued or self.timed_out or self.retained or s.posted or s.skipped or s.errors
+        )
 
     def __str__(self) -> str:
         text = (
@@ -51,6 +61,14 @@ class SweepReport:
         )
         if self.reclaimed:
             text += f", {self.reclaimed} item(s) of deleted queues reclaimed"
+        s = self.schedules
+        if s.posted or s.found or s.overlapped or s.skipped:
+            text += (
+                f"; schedules: {s.posted} slot(s) posted, {s.found} found posted already, "
+                f"{s.overlapped} passed over (overlap), {s.skipped} too late to catch up"
+            )
+        if s.errors:
+            text += f"; {len(s.errors)} schedule step(s) failed: " + "; ".join(s.errors[:5])
         if self.errors:
             text += f"; {len(self.errors)} item(s) could not be changed: " + "; ".join(
                 self.errors[:5]
@@ -143,6 +161,7 @@ def _queues_with_work(queues: list[Queue], at: datetime) -> set[int]:
 def sweep(*, at: datetime | None = None) -> SweepReport:
     at = at or utcnow()
     report = SweepReport()
+    report.schedules = fire_due(at=at)
     lapsed = Item.objects.filter(status=Status.PROCESSING, lease_expires_at__lte=at)
     report.requeued += _clock(lapsed, "lease_expires_at", Clock.LAPSE, at, report)
     queues = list(Queue.objects.filter(deleting=False))

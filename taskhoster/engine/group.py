@@ -48,6 +48,8 @@ from .ops import (
     Delete,
     Extend,
     Fail,
+    Fire,
+    Fired,
     ItemOp,
     MarkFetched,
     Op,
@@ -126,6 +128,8 @@ class Group:
             crash_point("claim.after_commit")
         if any(isinstance(op, Result) for op in self.ops):
             crash_point("result.after_commit")
+        if any(isinstance(op, Fire) for op in self.ops):
+            crash_point("schedule.after_commit")
 
     def _run_in_transaction(self) -> None:
         self._check_keys()
@@ -137,6 +141,8 @@ class Group:
         for op in self.ops:
             if isinstance(op, Post) and id(op) not in self.answers:
                 self._answer(op, self._post, op)
+            elif isinstance(op, Fire):
+                self._answer(op, self._fire, op)
             elif isinstance(op, Reclaim):
                 self._answer(op, self._reclaim, op)
             elif isinstance(op, Resettle):
@@ -194,8 +200,17 @@ class Group:
             if refused is not None:
                 self.answers[id(op)] = (False, refused)
 
+    def _posts(self) -> Iterable[Post]:
+        """The group's posts: its own, and those its schedules' firings carry."""
+        for op in self.ops:
+            if isinstance(op, Post):
+                yield op
+            elif isinstance(op, Fire):
+                yield from (f.post for f in op.firings if f.post is not None)
+
     def _load(self) -> None:
-        names = {op.queue_name for op in self.ops if isinstance(op, Post | Claim)}
+        names = {op.queue_name for op in self.ops if isinstance(op, Claim)}
+        names |= {op.queue_name for op in self._posts()}
         ids = {i for op in self.ops if isinstance(op, ItemOp) for i in op.item_ids()}
         self._load_queues(names=names)
         # Where rows are locked (PostgreSQL), their threads are locked first: peek at them.
@@ -208,8 +223,8 @@ class Group:
             self._load_queues(ids={q for q, _t in peek.values()})
             keys = {(q, t) for q, t in peek.values() if t is not None}
             joining = {(q, t) for i, (q, t) in peek.items() if t is not None and i in restarts}
-        for op in self.ops:
-            if isinstance(op, Post) and op.queue_name in self.live and id(op) not in self.answers:
+        for op in self._posts():
+            if op.queue_name in self.live and id(op) not in self.answers:
                 q = self.live[op.queue_name]
                 joining |= {(q.id, item.thread_id) for item in op.items if item.thread_id}
         resettle = {
@@ -549,7 +564,7 @@ class Group:
             row.queue_id = queue.id
             row.queue_name = queue.name
             row.eligible = row.thread_id is None
-            self.files.create(queue.name, row.id, line)
+            self.files.create(queue.name, row.id, line, replace=op.replace_leftover)
             self.created.append(row)
             self.tally.created(queue.id, queue.name, claimable=row.thread_id is None)
             posted = Posted(row=row, payload=item.payload, created=True)
@@ -563,6 +578,60 @@ class Group:
         self.tally.count(queue.name, "posts", sum(1 for a in answers if a.created))
         crash_point("post.after_files")
         return answers
+
+    # -- schedules (section 8.3) ----------------------------------------------------------
+
+    def _fire(self, op: Fire) -> list[Fired]:
+        """Each firing, if its schedule is still as the sweep read it: the slot's item posted
+        under its key (or found there: an attempt that committed before a crash, or another
+        sweep's), or nothing while ``overlap: skip`` finds the previous item not terminal,
+        and the schedule moved on, in this transaction. So a slot makes one item whatever
+        the number of sweeps, and a crash anywhere leaves either both or neither."""
+        states: dict[int, sql.ScheduleState | None] = {}
+        for schedule_id in sorted({f.schedule_id for f in op.firings}):  # one locking order
+            states[schedule_id] = sql.lock_schedule(schedule_id)
+        answers: list[Fired] = []
+        for firing in op.firings:
+            state = states[firing.schedule_id]
+            if (
+                state is None
+                or state.paused
+                or state.rev != firing.rev
+                or state.next_at != firing.expect
+            ):
+                answers.append(Fired(done=False))
+                continue
+            if firing.post is None or firing.slot is None:
+                sql.advance_schedule(state, next_at=firing.after, slot=None, at=self.at)
+                answers.append(Fired(done=True))
+                continue
+            if state.overlap == "skip" and self._running(state.last_item):
+                sql.advance_schedule(state, next_at=firing.after, slot=None, at=self.at)
+                answers.append(Fired(done=True, overlap=True))
+                continue
+            try:
+                posted = self._post(firing.post)[0]
+            except TaskhosterError as exc:  # refused before it changed anything
+                answers.append(Fired(done=False, error=exc.message))
+                continue
+            crash_point("schedule.after_post")
+            state.last_item = posted.row.id
+            sql.advance_schedule(state, next_at=firing.after, slot=firing.slot, at=self.at)
+            answers.append(Fired(done=True, item=posted.row.id, created=posted.created))
+        return answers
+
+    def _running(self, item_id: str | None) -> bool:
+        """Whether a schedule's previous item is still there and not terminal."""
+        if item_id is None:
+            return False
+        if item_id in self.removed:
+            return False
+        row = (
+            next((r for r in self.created if r.id == item_id), None)
+            or self.rows.get(item_id)
+            or sql.select_rows([item_id], lock=False).get(item_id)
+        )
+        return row is not None and not row.is_terminal
 
     def _payload_and_result(self, queue: QueueInfo, row: ItemRow) -> tuple[Any, Any]:
         """A repeated key's item as a read shows it: both live in its file, read once (an

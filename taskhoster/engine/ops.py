@@ -106,6 +106,9 @@ class Post(Op[list[Posted]]):
     rows: list[ItemRow]
     lines: list[bytes]
     key_hash: str | None = None
+    # A schedule's slot: its item's id is the same in every attempt, so a file already at
+    # that name is an attempt's that never committed, and is replaced (``FileBatch.create``).
+    replace_leftover: bool = False
 
     @property
     def size(self) -> int:
@@ -268,3 +271,44 @@ class Resettle(Op[int]):
     @property
     def size(self) -> int:
         return len(self.thread_ids)
+
+
+@dataclass(frozen=True)
+class Firing:
+    """One step of a schedule (SPEC section 8.3), made by the sweep from the schedule as it
+    read it: if the schedule is still at ``rev`` and its next slot is still ``expect``, post
+    ``slot``'s item (``post``, under the slot's key; none when ``slot`` is None: slots too
+    late to catch up are only passed over) and move the schedule's next slot to ``after``."""
+
+    schedule_id: int
+    rev: int
+    expect: datetime
+    after: datetime | None
+    slot: datetime | None = None
+    post: Post | None = None
+
+
+@dataclass(frozen=True)
+class Fired:
+    """A firing's answer: ``done`` false if another sweep or a change of the schedule got
+    there first (nothing changed); else the slot's item (``item``: made now, or found under
+    its key), or none (``overlap``: its previous item is not terminal, so ``skip`` posted
+    nothing)."""
+
+    done: bool
+    item: str | None = None
+    created: bool = False
+    overlap: bool = False
+    error: str | None = None  # why its post was refused (a full disk, say): tried again
+
+
+@dataclass(eq=False)
+class Fire(Op[list[Fired]]):
+    """The sweep's schedule steps, in order, in one group (one per slot: a schedule behind by
+    several slots has several, each expecting the one before it)."""
+
+    firings: list[Firing]
+
+    @property
+    def size(self) -> int:
+        return len(self.firings)

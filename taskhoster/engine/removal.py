@@ -24,7 +24,7 @@ from django.db import connection, transaction
 from .. import events
 from ..conf import get_conf
 from ..errors import QueueNotFound
-from ..models import Item, Queue, QueueCount, Thread
+from ..models import Item, Queue, QueueCount, Schedule, Thread
 from ..status import Status
 from ..store import StoreError, write_queue_settings
 from . import reclaim
@@ -85,6 +85,7 @@ def delete_queue(*, queue_name: str) -> None:
             # Wait for groups writing into this queue's directory (they hold it shared).
             sql.lock_queue_exclusive(queue.id)
             Queue.objects.filter(id=queue.id).update(deleting=True)
+            Schedule.objects.filter(queue_id=queue.id).delete()  # they stop with it
             # Queues that sent their dead letters here stop doing so, visibly.
             for other in Queue.objects.filter(dead_letter_queue=queue_name, deleting=False):
                 other.dead_letter_queue = None

@@ -780,3 +780,63 @@ def add_counts(deltas: dict[tuple[int, str], int], shard: int) -> None:
             f"{COUNT}.n + excluded.n",
             changes,
         )
+
+
+# -- schedules (section 8.3) -----------------------------------------------------------------
+
+SCHEDULE = "taskhoster_schedule"
+
+
+@dataclass
+class ScheduleState:
+    """What a firing checks and changes of a schedule's row, read under its lock."""
+
+    id: int
+    queue_id: int
+    rev: int
+    paused: bool
+    next_at: datetime | None
+    overlap: str
+    last_item: str | None
+
+
+def lock_schedule(schedule_id: int) -> ScheduleState | None:
+    """A schedule's row, locked for the rest of the group on PostgreSQL (SQLite's write
+    transaction holds every row already); None if it is gone."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, queue_id, rev, paused, next_at, overlap, last_item "
+            f"FROM {SCHEDULE} WHERE id = %s{dialect().lock}",
+            [schedule_id],
+        )
+        values = cursor.fetchone()
+    if values is None:
+        return None
+    return ScheduleState(
+        id=int(values[0]),
+        queue_id=int(values[1]),
+        rev=int(values[2]),
+        paused=bool(values[3]),
+        next_at=read_time(values[4]),
+        overlap=str(values[5]),
+        last_item=values[6],
+    )
+
+
+def advance_schedule(
+    state: ScheduleState, *, next_at: datetime | None, slot: datetime | None, at: datetime
+) -> None:
+    """Move a schedule on to ``next_at``; with ``slot``, that slot's item is ``last_item``."""
+    state.next_at = next_at
+    with connection.cursor() as cursor:
+        if slot is None:
+            cursor.execute(
+                f"UPDATE {SCHEDULE} SET next_at = %s, updated_at = %s WHERE id = %s",
+                [adapt_time(next_at), adapt_time(at), state.id],
+            )
+        else:
+            cursor.execute(
+                f"UPDATE {SCHEDULE} SET next_at = %s, last_slot = %s, last_item = %s, "
+                "updated_at = %s WHERE id = %s",
+                [adapt_time(next_at), adapt_time(slot), state.last_item, adapt_time(at), state.id],
+            )

@@ -9,6 +9,7 @@ from .. import contract
 from ..status import Status
 from ..timeutil import to_wire
 from .ops import NewItem
+from .slots import schedule_of_key
 
 _OMIT: Any = object()
 
@@ -43,6 +44,9 @@ def item_json(
         out["result"] = result if row.status == Status.FINISHED else None
     out["error"] = row.error
     out["key"] = row.key
+    schedule = schedule_of_key(row.key)
+    if schedule is not None:
+        out["schedule"] = schedule
     if row.origin is not None:
         out["origin"] = row.origin
     if row.dead_letter is not None:

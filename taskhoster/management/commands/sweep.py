@@ -15,7 +15,10 @@ from ...conf import get_conf
 
 
 class Command(BaseCommand):
-    help = "Apply the clocks: re-queue lapsed leases, fail aged items, delete retained ones."
+    help = (
+        "Apply the clocks: post schedules' due slots, re-queue lapsed leases, fail aged items, "
+        "delete retained ones."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -67,7 +70,7 @@ class Command(BaseCommand):
                 signal.signal(sig, lambda *_: stop.set())
         while True:
             report = engine.sweep()
-            if every is None or report.requeued or report.timed_out or report.retained:
+            if every is None or report.changed:
                 self.stdout.write(str(report))
             if every is None:
                 return

@@ -1,0 +1,355 @@
+"""Schedules (SPEC section 8.3): definitions kept as data, and the sweep's step that posts
+their due slots.
+
+Exactly one item per slot, whatever the number of sweeps and server processes and across
+their crashes, rests on three things, all in the group's one transaction (``group._fire``):
+
+- the sweep reads the due schedules (one query over the ``schedule_due`` index) and, for
+  each, the slots it owes; each slot's step (``ops.Firing``) carries what it expects of the
+  schedule: its definition's ``rev`` and its next slot. Under the schedule's row lock the
+  group posts the slot and moves the schedule on only if both still hold, so of two sweeps
+  the second finds the schedule moved and posts nothing, and a change or a pause of the
+  schedule stops every step read before it;
+- the slot's item has the key ``schedule:<name>:<slot>``: a slot posted but not recorded
+  (a power cut can take a committed transaction back, as the index need not be durable)
+  is found by its key, not posted again;
+- the slot's item has an id made from the slot (``slots.slot_item_id``): a crash between its
+  file and the commit leaves a file at that very name, which the next attempt replaces,
+  never a second item for repair to find.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from ..contract import SCHEDULE, validate
+from ..errors import InvalidInput, QueueNotFound, ScheduleNotFound, TaskhosterError
+from ..models import Queue, Schedule
+from ..store import QUEUE_NAME_PATTERN, encode_line
+from ..timeutil import now as utcnow
+from ..timeutil import to_wire
+from . import slots
+from .committer import execute
+from .ops import Fire, Fired, Firing, NewItem, Post
+from .pacing import background
+from .posts import new_row, record_of
+
+log = logging.getLogger(__name__)
+
+# Due schedules read per query, and firings per group.
+DUE_BATCH = 500
+# Slots one schedule may post in one pass (a long catch-up goes on in the next pass).
+MOST_SLOTS_PER_PASS = 1000
+# Rounds of one pass: a round reads the due schedules again (those a lost race or a batch
+# left due).
+MOST_ROUNDS = 20
+
+
+def validate_schedule_name(name: object) -> str:
+    if not isinstance(name, str) or QUEUE_NAME_PATTERN.fullmatch(name) is None:
+        raise InvalidInput(
+            "a schedule name is 1-64 characters of letters, digits, '_', '.' and '-', "
+            "starting with a letter or digit",
+            code="invalid_schedule_name",
+        )
+    return name
+
+
+def _spec(schedule: Schedule) -> slots.Spec:
+    return slots.Spec(cron=schedule.cron, every=schedule.every, timezone=schedule.timezone)
+
+
+def schedule_wire(schedule: Schedule, queue_name: str | None = None) -> dict[str, Any]:
+    """A schedule as the API answers it."""
+    return {
+        "queue": queue_name or schedule.queue.name,
+        "name": schedule.name,
+        "cron": schedule.cron,
+        "every": schedule.every,
+        "timezone": schedule.timezone,
+        "payload": schedule.payload,
+        "threadId": schedule.thread_id,
+        "priority": schedule.priority,
+        "overlap": schedule.overlap,
+        "catchupSeconds": _number(schedule.catchup_seconds),
+        "paused": schedule.paused,
+        "nextAt": None if schedule.paused else to_wire(schedule.next_at),
+        "lastSlot": None if schedule.last_slot is None else to_wire(schedule.last_slot),
+        "lastItem": schedule.last_item,
+        "createdAt": to_wire(schedule.created_at),
+        "updatedAt": to_wire(schedule.updated_at),
+    }
+
+
+def _number(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else value
+
+
+def _live_queue(queue_name: str) -> Queue:
+    queue = Queue.objects.filter(name=queue_name, deleting=False).first()
+    if queue is None:
+        raise QueueNotFound(f"queue {queue_name!r} does not exist")
+    return queue
+
+
+def get_schedule(queue_name: str, name: str) -> Schedule:
+    validate_schedule_name(name)
+    queue = _live_queue(queue_name)
+    found = Schedule.objects.filter(queue=queue, name=name).first()
+    if found is None:
+        raise ScheduleNotFound(f"schedule {name!r} of queue {queue_name!r} does not exist")
+    found.queue = queue
+    return found
+
+
+def list_schedules(queue_name: str, *, after: str | None, limit: int) -> list[Schedule]:
+    """A queue's schedules by name, a page at a time (``limit`` + 1 read, to tell a next
+    page)."""
+    queue = _live_queue(queue_name)
+    found = Schedule.objects.filter(queue=queue).order_by("name")
+    if after is not None:
+        found = found.filter(name__gt=after)
+    page = list(found[: limit + 1])
+    for schedule in page:
+        schedule.queue = queue
+    return page
+
+
+TIMING = ("cron", "every", "timezone")
+
+
+def put_schedule(
+    queue_name: str, name: str, body: Any, *, at: datetime | None = None
+) -> tuple[Schedule, bool]:
+    """Create the schedule or change what ``body`` gives; True when it was created.
+
+    A change of its timing (cron, every, timezone) or a resume starts it again from the first
+    slot after now; any change makes steps read before it post nothing (``rev``)."""
+    validate_schedule_name(name)
+    values = validate(SCHEDULE, body)
+    at = at or utcnow()
+    try:
+        with transaction.atomic():
+            queue = Queue.objects.select_for_update().filter(name=queue_name, deleting=False)
+            found_queue = queue.first()
+            if found_queue is None:
+                raise QueueNotFound(f"queue {queue_name!r} does not exist")
+            schedule = (
+                Schedule.objects.select_for_update().filter(queue=found_queue, name=name).first()
+            )
+            created = schedule is None
+            if schedule is None:
+                if "cron" not in values and "every" not in values:
+                    raise InvalidInput("a new schedule needs cron or every", code="missing_field")
+                if "payload" not in values:
+                    raise InvalidInput("a new schedule needs a payload", code="missing_field")
+                schedule = Schedule(
+                    queue=found_queue,
+                    name=name,
+                    salt=secrets.token_hex(8),
+                    created_at=at,
+                    updated_at=at,
+                )
+            was = (schedule.cron, schedule.every, schedule.timezone, schedule.paused)
+            _apply(schedule, values)
+            spec = _spec(schedule)
+            _check_spec(spec)
+            retime = created or was != (
+                schedule.cron,
+                schedule.every,
+                schedule.timezone,
+                schedule.paused,
+            )
+            if retime:
+                schedule.next_at = slots.first_slot(spec, at)
+            if not created:
+                schedule.rev += 1
+            schedule.updated_at = at
+            schedule.save()
+    except IntegrityError:
+        return put_schedule(queue_name, name, body, at=at)  # made at once elsewhere: change it
+    schedule.queue = found_queue
+    return schedule, created
+
+
+def _apply(schedule: Schedule, values: dict[str, Any]) -> None:
+    if "cron" in values:
+        cron = values["cron"]
+        schedule.cron = None if cron is None else _cron(cron)
+        schedule.every = None
+    if "every" in values:
+        schedule.every = values["every"]
+        schedule.cron = None
+    if "timezone" in values:
+        schedule.timezone = values["timezone"] or "UTC"
+    if "payload" in values:
+        schedule.payload = values["payload"]
+    if "threadId" in values:
+        schedule.thread_id = values["threadId"]
+    if "priority" in values:
+        schedule.priority = values["priority"] or 0
+    if "overlap" in values:
+        schedule.overlap = values["overlap"]
+    if "catchupSeconds" in values:
+        schedule.catchup_seconds = float(values["catchupSeconds"])
+    if "paused" in values:
+        schedule.paused = values["paused"]
+
+
+def _cron(text: str) -> str:
+    try:
+        return slots.check_cron(text)
+    except slots.BadSpec as exc:
+        raise InvalidInput(str(exc), code="invalid_schedule") from None
+
+
+def _check_spec(spec: slots.Spec) -> None:
+    if spec.cron is None and spec.every is None:
+        raise InvalidInput("a schedule needs cron or every", code="invalid_schedule")
+    try:
+        slots.zone(spec.timezone)
+    except slots.BadSpec as exc:
+        raise InvalidInput(str(exc), code="invalid_schedule") from None
+
+
+def delete_schedule(queue_name: str, name: str) -> None:
+    """Gone at once: a step the sweep read before finds it gone and posts nothing."""
+    schedule = get_schedule(queue_name, name)
+    with transaction.atomic():
+        deleted, _ = Schedule.objects.filter(id=schedule.id).delete()
+    if not deleted:
+        raise ScheduleNotFound(f"schedule {name!r} of queue {queue_name!r} does not exist")
+
+
+# -- the sweep's step ---------------------------------------------------------------------------
+
+
+@dataclass
+class ScheduleReport:
+    posted: int = 0  # slots whose item this pass made
+    found: int = 0  # slots whose item was there already (under its key)
+    overlapped: int = 0  # slots passed over by overlap: skip
+    skipped: int = 0  # slots later than catchupSeconds, passed over
+    lost: int = 0  # steps another sweep or a change got to first
+    errors: list[str] = field(default_factory=list)
+
+
+def fire_due(*, at: datetime | None = None) -> ScheduleReport:
+    """Post every due slot of every unpaused schedule of a live queue (as the module
+    docstring says), oldest first; one indexed query per round finds the due schedules."""
+    report = ScheduleReport()
+    at = at or utcnow()
+    done: set[int] = set()
+    for _round in range(MOST_ROUNDS):
+        due = list(
+            Schedule.objects.filter(paused=False, next_at__lte=at, queue__deleting=False)
+            .exclude(id__in=done)
+            .select_related("queue")
+            .order_by("next_at", "id")[:DUE_BATCH]
+        )
+        if not due:
+            break
+        firings: list[Firing] = []
+        for schedule in due:
+            steps, skipped = _firings(schedule, at)
+            firings.extend(steps)
+            report.skipped += skipped
+        for start in range(0, len(firings), DUE_BATCH):
+            _run(firings[start : start + DUE_BATCH], report)
+        # A schedule done in this round is read again only if its slots ran past the pass's
+        # cap; one that lost a race is another sweep's now.
+        done |= {s.id for s in due}
+        if len(due) < DUE_BATCH:
+            break
+    return report
+
+
+def _firings(schedule: Schedule, at: datetime) -> tuple[list[Firing], int]:
+    """A due schedule's steps (one per slot it owes, oldest first; the first also passes
+    over the slots too late to catch up), and how many slots it passes over."""
+    assert schedule.next_at is not None
+    spec = _spec(schedule)
+    try:
+        due, skipped, after = slots.due_slots(
+            spec, schedule.next_at, at, schedule.catchup_seconds, MOST_SLOTS_PER_PASS
+        )
+    except slots.BadSpec as exc:
+        log.error("schedule %s of queue %s: %s", schedule.name, schedule.queue.name, exc)
+        return [], 0
+    if not due:
+        return [Firing(schedule.id, schedule.rev, schedule.next_at, after)], skipped
+    firings: list[Firing] = []
+    expect = schedule.next_at
+    for n, slot in enumerate(due):
+        following = due[n + 1] if n + 1 < len(due) else after
+        firings.append(
+            Firing(
+                schedule.id,
+                schedule.rev,
+                expect,
+                following,
+                slot=slot,
+                post=_slot_post(schedule, slot, at),
+            )
+        )
+        if following is None:
+            break
+        expect = following
+    return firings, skipped
+
+
+def _slot_post(schedule: Schedule, slot: datetime, at: datetime) -> Post:
+    """A slot's item, as a post makes one before its group (``posts.prepare_post``), with
+    the slot's own id and key."""
+    item = NewItem(
+        payload=schedule.payload,
+        thread_id=schedule.thread_id,
+        key=slots.slot_key(schedule.name, slot),
+        priority=schedule.priority,
+    )
+    item_id = slots.slot_item_id(schedule.salt, slot)
+    row = new_row(
+        item_id,
+        at=at,
+        scheduled_at=min(slot, at),
+        thread_id=item.thread_id,
+        key=item.key,
+        origin=None,
+        priority=item.priority,
+    )
+    line = encode_line(record_of(row, schedule.queue.name, item.payload))
+    return Post(
+        queue_name=schedule.queue.name,
+        items=[item],
+        rows=[row],
+        lines=[line],
+        replace_leftover=True,
+    )
+
+
+def _run(firings: list[Firing], report: ScheduleReport) -> None:
+    try:
+        with background():
+            answers: list[Fired] = execute(Fire(firings=firings))
+    except TaskhosterError as exc:
+        log.error("schedules: %d step(s) failed: %s", len(firings), exc.message)
+        report.errors.append(exc.message)
+        return
+    for answer in answers:
+        if answer.error is not None:
+            report.errors.append(answer.error)
+        elif not answer.done:
+            report.lost += 1
+        elif answer.overlap:
+            report.overlapped += 1
+        elif answer.item is not None:
+            if answer.created:
+                report.posted += 1
+            else:
+                report.found += 1
