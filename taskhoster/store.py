@@ -758,10 +758,38 @@ class FileBatch:
 
 def write_queue_settings(store: StateStore, queue: str, settings: dict[str, Any]) -> None:
     """Keep a queue's settings beside its items, so a lost database loses no settings."""
+    _write_queue_file(store, queue, "queue.json", settings)
+
+
+def read_queue_settings(store: StateStore, queue: str) -> dict[str, Any] | None:
+    value = _read_queue_file(store, queue, "queue.json")
+    return value if isinstance(value, dict) else None
+
+
+def write_schedules(store: StateStore, queue: str, schedules: list[dict[str, Any]]) -> None:
+    """Keep a queue's schedules' definitions beside its items (SPEC section 8.3), as queue
+    settings are kept: a database that lost a change (it need not be durable) is put right by
+    repair."""
+    _write_queue_file(store, queue, "schedules.json", schedules)
+
+
+def read_schedules(store: StateStore, queue: str) -> list[dict[str, Any]] | None:
+    """The queue's schedules as last written; None when it never had one (or it is
+    unreadable)."""
+    value = _read_queue_file(store, queue, "schedules.json")
+    if not isinstance(value, list):
+        return None
+    return [entry for entry in value if isinstance(entry, dict)]
+
+
+def _write_queue_file(store: StateStore, queue: str, name: str, value: Any) -> None:
+    """A whole file of the queue's directory replaced durably: written as a temporary,
+    flushed, renamed into place, the directory flushed."""
     store.ensure_queue(queue)
-    path = store.queue_dir(queue) / "queue.json"
-    tmp = str(path.with_name(f".queue.{secrets.token_hex(4)}{TMP_SUFFIX}"))
-    store.sys.create(tmp, json.dumps(settings, sort_keys=True).encode())
+    path = store.queue_dir(queue) / name
+    stem = name.removesuffix(".json")
+    tmp = str(path.with_name(f".{stem}.{secrets.token_hex(4)}{TMP_SUFFIX}"))
+    store.sys.create(tmp, json.dumps(value, sort_keys=True).encode())
     if store.fsync:
         store.sys.fsync(tmp)
     store.sys.rename(tmp, str(path))
@@ -769,10 +797,9 @@ def write_queue_settings(store: StateStore, queue: str, settings: dict[str, Any]
         store.sys.fsync(str(path.parent))
 
 
-def read_queue_settings(store: StateStore, queue: str) -> dict[str, Any] | None:
+def _read_queue_file(store: StateStore, queue: str, name: str) -> Any:
     try:
-        with open(store.queue_dir(queue) / "queue.json", "rb") as handle:
-            value = json.loads(handle.read())
+        with open(store.queue_dir(queue) / name, "rb") as handle:
+            return json.loads(handle.read())
     except (OSError, ValueError):
         return None
-    return value if isinstance(value, dict) else None

@@ -45,6 +45,7 @@ from . import reclaim
 from .common import store
 from .pacing import Pacer
 from .rows import thread_line
+from .schedules import restore_definitions
 
 log = logging.getLogger(__name__)
 STATE_RANK = {State.PROCESSING: 0, State.PENDING: 1, State.DONE: 2}
@@ -53,6 +54,7 @@ STATE_RANK = {State.PROCESSING: 0, State.PENDING: 1, State.DONE: 2}
 @dataclass
 class RepairReport:
     queues_restored: int = 0
+    schedules_restored: int = 0
     rows_added: int = 0
     rows_corrected: int = 0
     rows_removed: int = 0
@@ -76,6 +78,8 @@ class RepairReport:
             )
         if self.unreadable_files:
             text += f", {len(self.unreadable_files)} unreadable file(s) quarantined"
+        if self.schedules_restored:
+            text += f", {self.schedules_restored} schedule(s) restored from schedules.json"
         return text
 
 
@@ -97,6 +101,7 @@ def repair(*, grace_seconds: float) -> RepairReport:
             found = _restore_queue(name)
             report.queues_restored += 1
         _repair_queue(found, grace_seconds, report, doomed)
+        report.schedules_restored += restore_definitions(found)
     return report
 
 

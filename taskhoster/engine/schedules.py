@@ -31,11 +31,12 @@ from django.db import IntegrityError, transaction
 from ..contract import SCHEDULE, validate
 from ..errors import InvalidInput, QueueNotFound, ScheduleNotFound, TaskhosterError
 from ..models import Queue, Schedule
-from ..store import QUEUE_NAME_PATTERN, encode_line
+from ..store import QUEUE_NAME_PATTERN, encode_line, read_schedules, write_schedules
 from ..timeutil import now as utcnow
 from ..timeutil import to_wire
 from . import slots
 from .committer import execute
+from .common import store
 from .ops import Fire, Fired, Firing, NewItem, Post
 from .pacing import background
 from .posts import new_row, record_of
@@ -172,6 +173,7 @@ def put_schedule(
                 schedule.rev += 1
             schedule.updated_at = at
             schedule.save()
+            _keep_definitions(found_queue)
     except IntegrityError:
         return put_schedule(queue_name, name, body, at=at)  # made at once elsewhere: change it
     schedule.queue = found_queue
@@ -222,9 +224,83 @@ def delete_schedule(queue_name: str, name: str) -> None:
     """Gone at once: a step the sweep read before finds it gone and posts nothing."""
     schedule = get_schedule(queue_name, name)
     with transaction.atomic():
+        queue = Queue.objects.select_for_update().filter(id=schedule.queue_id).first()
         deleted, _ = Schedule.objects.filter(id=schedule.id).delete()
+        if deleted and queue is not None:
+            _keep_definitions(queue)
     if not deleted:
         raise ScheduleNotFound(f"schedule {name!r} of queue {queue_name!r} does not exist")
+
+
+# -- the definitions beside the items ------------------------------------------------------
+
+# What ``<root>/<queue>/schedules.json`` keeps of each schedule: its definition (the rest,
+# its next and last slots, the index keeps; a lost one is found again by the slots' keys).
+DEFINITION = (
+    "name",
+    "cron",
+    "every",
+    "timezone",
+    "payload",
+    "thread_id",
+    "priority",
+    "overlap",
+    "catchup_seconds",
+    "paused",
+    "salt",
+)
+
+
+def _keep_definitions(queue: Queue) -> None:
+    """Write the queue's schedules to its directory, inside the change's transaction (under
+    the queue's row lock, so two changes write in the order they commit): a failed write
+    fails the change, and a change the database loses in a power cut is restored by repair
+    (``restore_definitions``)."""
+    rows = Schedule.objects.filter(queue=queue).order_by("name").values(*DEFINITION)
+    write_schedules(store(), queue.name, [dict(row) for row in rows])
+
+
+def restore_definitions(queue: Queue, *, at: datetime | None = None) -> int:
+    """Bring the queue's schedule rows in line with its ``schedules.json`` (repair): a
+    definition missing from the index is made again, one changed is changed back, a row the
+    file does not hold is deleted. How many rows changed. A queue that never had a
+    schedule (no file) is left alone."""
+    saved = read_schedules(store(), queue.name)
+    if saved is None:
+        return 0
+    at = at or utcnow()
+    wanted = {str(d.get("name")): d for d in saved if isinstance(d.get("name"), str)}
+    changed = 0
+    with transaction.atomic():
+        rows = {s.name: s for s in Schedule.objects.select_for_update().filter(queue=queue)}
+        for name, extra in rows.items():
+            if name not in wanted:
+                extra.delete()
+                changed += 1
+        for name, definition in wanted.items():
+            values = {k: definition.get(k) for k in DEFINITION if k in definition}
+            found = rows.get(name)
+            if found is not None and all(getattr(found, k) == v for k, v in values.items()):
+                continue
+            if found is None:
+                row = Schedule(queue=queue, created_at=at)
+            else:
+                row = found
+                row.rev += 1
+            for k, v in values.items():
+                setattr(row, k, v)
+            if not row.salt:
+                row.salt = secrets.token_hex(8)
+            try:
+                _check_spec(_spec(row))
+                row.next_at = slots.first_slot(_spec(row), at)
+            except (InvalidInput, slots.BadSpec):
+                log.error("repair: schedule %s of queue %s is not valid; left out", name, queue)
+                continue
+            row.updated_at = at
+            row.save()
+            changed += 1
+    return changed
 
 
 # -- the sweep's step ---------------------------------------------------------------------------

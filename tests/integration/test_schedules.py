@@ -455,3 +455,34 @@ def test_a_threaded_schedule_with_overlap_allow_never_runs_two_items_at_once(
     items = items_of(http)
     assert len(items) > len(spans), "every slot posted (overlap allow), more than were run"
     assert set(slots_of(items).values()) == {1}
+
+
+# -- a database that lost a change -------------------------------------------------------------
+
+
+def test_repair_restores_schedules_a_lost_database_forgot_from_the_state_root(http, server, manage):
+    from taskhoster.models import Schedule
+
+    make_queue(http)
+    kept = put_schedule(http, "kept", cron="*/5 * * * *", timezone="Asia/Tokyo", priority=4)
+    put_schedule(http, "changed", every=60, overlap="skip")
+    salt = Schedule.objects.get(name="kept").salt
+    assert (server.root / "q" / "schedules.json").exists()
+    # What a power cut can do to an index that need not be durable: a schedule gone, a change
+    # undone, a deleted one back.
+    Schedule.objects.filter(name="kept").delete()
+    Schedule.objects.filter(name="changed").update(overlap="allow", every=30)
+    ghost = Schedule.objects.get(name="changed")
+    ghost.pk, ghost.name, ghost.salt = None, "ghost", "x"
+    ghost.save()
+    report = manage("sweep", "--repair", "--grace", "0").stdout
+    assert "3 schedule(s) restored from schedules.json" in report, report
+    names = [s["name"] for s in http.get("/api/queues/q/schedules").json()["schedules"]]
+    assert names == ["changed", "kept"]
+    back = http.get("/api/queues/q/schedules/kept").json()
+    for field in ("cron", "timezone", "priority", "payload", "overlap", "catchupSeconds"):
+        assert back[field] == kept[field], field
+    assert Schedule.objects.get(name="kept").salt == salt  # its slots' ids as before
+    changed = http.get("/api/queues/q/schedules/changed").json()
+    assert changed["overlap"] == "skip"
+    assert changed["every"] == 60
