@@ -25,7 +25,7 @@ from django.views.decorators.http import require_POST
 
 from .. import engine
 from ..errors import InvalidInput
-from ..models import Item, Queue
+from ..models import Item, Queue, Schedule
 from ..status import Status
 from ..timeutil import now as utcnow
 from . import live
@@ -135,6 +135,21 @@ def set_paused(names: list[str], paused: bool) -> None:
         engine.upsert_queue(name=name, body={"paused": paused})
 
 
+def schedules_link(request: HttpRequest, queue: Queue) -> dict[str, Any]:
+    """The queue page's "Schedules (N)" link to the schedule list filtered to the queue, for
+    those who may see schedules."""
+    if not (
+        request.user.has_perm("taskhoster.view_schedule")
+        or request.user.has_perm("taskhoster.change_schedule")
+    ):
+        return {}
+    url = reverse("admin:taskhoster_schedule_changelist") + f"?queue__id__exact={queue.pk}"
+    return {
+        "schedules_url": url,
+        "schedules_count": Schedule.objects.filter(queue_id=queue.pk).count(),
+    }
+
+
 def count_link(queue: Queue, status: Status) -> SafeString:
     """How many of ``queue``'s items have ``status``, linked to the item list filtered so:
     from the counts the commits keep when the page fetched them for every queue at once
@@ -235,6 +250,19 @@ class QueueAdmin(admin.ModelAdmin):
         button are redrawn about once a second (``live``); the form is left as typed."""
         response = super().change_view(request, object_id, form_url, extra_context)
         return live.answer(request, response)
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Any = None,
+    ) -> HttpResponse:
+        if obj is not None and obj.pk is not None:
+            context.update(schedules_link(request, obj))
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Queue]:
         return with_stats(super().get_queryset(request).filter(deleting=False))

@@ -50,6 +50,8 @@ from .models import (
     NewItem,
     QueueInfo,
     RateLimit,
+    Schedule,
+    ScheduleSlot,
     WorkerInfo,
 )
 
@@ -97,6 +99,8 @@ __all__ = [
     "QueueInfo",
     "RateLimit",
     "RetryableError",
+    "Schedule",
+    "ScheduleSlot",
     "ServerError",
     "SocketError",
     "TaskhosterError",

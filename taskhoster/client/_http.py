@@ -27,6 +27,7 @@ from .models import (
     NewItem,
     QueueInfo,
     RateLimit,
+    Schedule,
     WorkerInfo,
     to_seconds,
 )
@@ -453,3 +454,80 @@ def drain_workers(name_prefix: str) -> Call[list[WorkerInfo]]:
         body={"namePrefix": name_prefix},
         has_body=True,
     )
+
+
+# -- schedules (SPEC section 8.3) ---------------------------------------------------------
+
+
+def _schedule_path(queue: str, name: str) -> str:
+    return f"/api/queues/{seg(queue)}/schedules/{seg(name)}"
+
+
+def schedule_settings(
+    *,
+    cron: str | None = None,
+    every: int | None = None,
+    timezone: str | None = None,
+    payload: Any = _UNSET,
+    thread_id: Any = _UNSET,
+    priority: int | None = None,
+    overlap: str | None = None,
+    catchup_seconds: float | None = None,
+    paused: bool | None = None,
+) -> dict[str, Any]:
+    """The schedule's settings that were given, by their wire names (``payload`` may be
+    None, a null payload; ``thread_id`` None means no thread). ``cron`` and ``every`` are
+    exclusive."""
+    if cron is not None and every is not None:
+        raise ValueError("give cron or every, not both")
+    given: dict[str, Any] = {
+        "cron": cron,
+        "every": every,
+        "timezone": timezone,
+        "priority": priority,
+        "overlap": overlap,
+        "catchupSeconds": catchup_seconds,
+        "paused": paused,
+    }
+    body = {name: value for name, value in given.items() if value is not None}
+    if payload is not _UNSET:
+        body["payload"] = payload
+    if thread_id is not _UNSET:
+        body["threadId"] = thread_id
+    return body
+
+
+def put_schedule(queue: str, name: str, settings: dict[str, Any]) -> Call[Schedule]:
+    # Putting the same settings twice leaves the schedule as once: safe to resend.
+    return Call(
+        "PUT", _schedule_path(queue, name), Schedule.from_wire, body=settings, has_body=True
+    )
+
+
+def set_schedule_paused(queue: str, name: str, paused: bool) -> Call[Schedule]:
+    """Pause or resume a schedule: a PUT of ``paused`` alone (the rest is kept)."""
+    return put_schedule(queue, name, {"paused": paused})
+
+
+def get_schedule(queue: str, name: str) -> Call[Schedule]:
+    return Call("GET", _schedule_path(queue, name), Schedule.from_wire)
+
+
+def list_schedules(
+    queue: str, cursor: str | None, limit: int | None
+) -> Call[tuple[list[Schedule], str | None]]:
+    params = {
+        name: str(value)
+        for name, value in {"cursor": cursor, "limit": limit}.items()
+        if value is not None
+    }
+    return Call(
+        "GET",
+        f"/api/queues/{seg(queue)}/schedules",
+        lambda data: ([Schedule.from_wire(s) for s in data["schedules"]], data.get("next")),
+        params=params,
+    )
+
+
+def delete_schedule(queue: str, name: str) -> Call[None]:
+    return Call("DELETE", _schedule_path(queue, name), _none, gone_ok=True)

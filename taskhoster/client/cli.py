@@ -1,5 +1,5 @@
 """The ``taskhoster`` command: post, read, wait for and cancel items, list queues and workers,
-drain workers, and run a shell command as a worker.
+drain workers, manage schedules, and run a shell command as a worker.
 
     taskhoster post emails '{"to": "ada@example.com"}'
     taskhoster wait ITEM_ID --timeout 30
@@ -9,6 +9,8 @@ drain workers, and run a shell command as a worker.
     taskhoster pause emails                      # hand out nothing until: resume emails
     taskhoster workers                           # the connected workers
     taskhoster drain --prefix web-1:             # they finish what they hold, then close
+    taskhoster put-schedule emails digest --cron '0 8 * * 1-5' --payload '{"kind": "digest"}'
+    taskhoster schedules emails                  # its schedules, their next and last slots
     taskhoster work emails -- ./send-email.sh
 
 The server is ``--url`` or ``$TASKHOSTER_URL`` (default http://127.0.0.1:8000); the key is
@@ -50,6 +52,7 @@ from .models import (
     ItemOptionFields,
     NewItem,
     RateLimit,
+    Schedule,
     WorkerInfo,
 )
 from .producer import Producer
@@ -142,6 +145,14 @@ def parse_rate_limit(value: str) -> RateLimit | None:
             f"{value!r}: COUNT must be 1 or more and SECONDS a number greater than 0"
         )
     return RateLimit(count, int(seconds) if seconds.is_integer() else seconds)
+
+
+def _json_value(value: str) -> Any:
+    """A JSON option (``--payload``), or a usage error saying it is not JSON."""
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{value[:40]!r} is not JSON ({exc})") from None
 
 
 WORK_DESCRIPTION = """\
@@ -329,6 +340,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     drain.add_argument("--json", action="store_true", help="print JSON")
 
+    _schedule_parsers(commands)
+
     items = commands.add_parser("items", help="list a queue's items (JSON lines, no payloads)")
     items.add_argument("queue")
     items.add_argument("--status", choices=["pending", "processing", "finished", "failed"])
@@ -376,6 +389,85 @@ def _parser() -> argparse.ArgumentParser:
     work.add_argument("--quiet", action="store_true", help="log only warnings")
     work.set_defaults(usage_error=work.error)  # a missing COMMAND is told with work's usage
     return parser
+
+
+def _schedule_parsers(commands: Any) -> None:
+    """The schedule commands (SPEC section 8.3): schedules, schedule, put-schedule,
+    delete-schedule, pause-schedule, resume-schedule."""
+    schedules = commands.add_parser(
+        "schedules", help="list a queue's schedules: timing, next slot, last slot, state"
+    )
+    schedules.add_argument("queue", metavar="QUEUE")
+    schedules.add_argument("--json", action="store_true", help="print JSON")
+
+    schedule = commands.add_parser("schedule", help="print a schedule")
+    schedule.add_argument("queue", metavar="QUEUE")
+    schedule.add_argument("name", metavar="NAME")
+
+    put = commands.add_parser(
+        "put-schedule",
+        help="create a schedule (--cron or --every, and --payload) or change what is given "
+        "(prints it)",
+    )
+    put.add_argument("queue", metavar="QUEUE")
+    put.add_argument("name", metavar="NAME")
+    timing = put.add_mutually_exclusive_group()
+    timing.add_argument(
+        "--cron", metavar="EXPR", help="five cron fields, e.g. '*/15 * * * *' (in --timezone)"
+    )
+    timing.add_argument(
+        "--every",
+        type=_int_from(1),
+        metavar="SECONDS",
+        help="seconds between slots, counted from the Unix epoch",
+    )
+    put.add_argument("--timezone", metavar="TZ", help="an IANA name the cron is read in (UTC)")
+    put.add_argument(
+        "--payload",
+        type=_json_value,
+        default=argparse.SUPPRESS,
+        metavar="JSON",
+        help="each slot's item's payload (needed for a new schedule)",
+    )
+    put.add_argument(
+        "--thread",
+        "--thread-id",
+        dest="thread_id",
+        type=_none_or(str),
+        default=argparse.SUPPRESS,
+        help="each slot's item's threadId, or none",
+    )
+    put.add_argument(
+        "--priority",
+        type=_int_from(0, MAX_PRIORITY),
+        metavar="N",
+        help=f"each slot's item's priority, 0-{MAX_PRIORITY}",
+    )
+    put.add_argument(
+        "--overlap",
+        choices=["allow", "skip"],
+        help="skip: post no slot while the previous item is not finished or failed (default allow)",
+    )
+    put.add_argument(
+        "--catchup-seconds",
+        type=float,
+        metavar="SECONDS",
+        help="a slot found late is posted if at most this late (default 60)",
+    )
+    put.add_argument(
+        "--paused",
+        action=argparse.BooleanOptionalAction,
+        help="post no slot (--no-paused: post again, from the next slot)",
+    )
+
+    for name, what in (
+        ("delete-schedule", "delete a schedule: none of its slots is posted from now on"),
+        ("pause-schedule", "post none of a schedule's slots until it is resumed (prints it)"),
+        ("resume-schedule", "post a paused schedule's slots again, from the next (prints it)"),
+    ):
+        command = commands.add_parser(name, help=what)
+        command.add_argument("queue", metavar="QUEUE")
+        command.add_argument("name", metavar="NAME")
 
 
 def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -626,6 +718,75 @@ def _drain(producer: Producer, args: argparse.Namespace) -> int:
     return 0
 
 
+def _timing(schedule: Schedule) -> str:
+    """A schedule's timing in a table: ``cron 0 8 * * 1-5 Europe/Paris`` or ``every 60s``."""
+    if schedule.cron is not None:
+        zone = "" if schedule.timezone == "UTC" else f" {schedule.timezone}"
+        return f"cron {schedule.cron}{zone}"
+    return f"every {schedule.every}s" if schedule.every is not None else "-"
+
+
+def _schedules(producer: Producer, args: argparse.Namespace) -> int:
+    found = list(producer.list_schedules(args.queue))
+    if args.json:
+        _print_json([s.raw for s in found], sys.stdout)
+        return 0
+    rows: list[tuple[str, ...]] = [("SCHEDULE", "TIMING", "NEXT", "LAST SLOT", "STATE")]
+    rows += [
+        (
+            s.name,
+            _timing(s),
+            _when(s.next_at),
+            _when(s.last_slot),
+            "paused" if s.paused else "active",
+        )
+        for s in found
+    ]
+    _print_table(rows)
+    return 0
+
+
+def _schedule(producer: Producer, args: argparse.Namespace) -> int:
+    _print_json(producer.get_schedule(args.queue, args.name).raw, sys.stdout)
+    return 0
+
+
+def _put_schedule(producer: Producer, args: argparse.Namespace) -> int:
+    settings: dict[str, Any] = {
+        name: getattr(args, name)
+        for name in (
+            "cron",
+            "every",
+            "timezone",
+            "priority",
+            "overlap",
+            "catchup_seconds",
+            "paused",
+        )
+    }
+    # None is a payload (null) and means "no thread": these are passed only when given.
+    for name in ("payload", "thread_id"):
+        if hasattr(args, name):
+            settings[name] = getattr(args, name)
+    _print_json(producer.put_schedule(args.queue, args.name, **settings).raw, sys.stdout)
+    return 0
+
+
+def _delete_schedule(producer: Producer, args: argparse.Namespace) -> int:
+    producer.delete_schedule(args.queue, args.name)
+    return 0
+
+
+def _pause_schedule(producer: Producer, args: argparse.Namespace) -> int:
+    _print_json(producer.pause_schedule(args.queue, args.name).raw, sys.stdout)
+    return 0
+
+
+def _resume_schedule(producer: Producer, args: argparse.Namespace) -> int:
+    _print_json(producer.resume_schedule(args.queue, args.name).raw, sys.stdout)
+    return 0
+
+
 COMMANDS: dict[str, Callable[[Producer, argparse.Namespace], int]] = {
     "post": _post,
     "get": _get,
@@ -641,6 +802,12 @@ COMMANDS: dict[str, Callable[[Producer, argparse.Namespace], int]] = {
     "attempts": _attempts,
     "workers": _workers,
     "drain": _drain,
+    "schedules": _schedules,
+    "schedule": _schedule,
+    "put-schedule": _put_schedule,
+    "delete-schedule": _delete_schedule,
+    "pause-schedule": _pause_schedule,
+    "resume-schedule": _resume_schedule,
 }
 
 

@@ -1,4 +1,5 @@
-"""The shapes the client hands back (items, queues, attempts, workers), and what it posts:
+"""The shapes the client hands back (items, queues, attempts, workers, schedules), and what it
+posts:
 items and their options."""
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class Item:
     priority: int = 0
     progress: Any = None
     cancel_reason: str | None = None
+    schedule: ScheduleSlot | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -111,6 +113,7 @@ class Item:
             priority=int(data.get("priority") or 0),  # a server before priorities: 0
             progress=data.get("progress"),
             cancel_reason=data.get("cancelReason"),
+            schedule=ScheduleSlot.from_wire(data.get("schedule")),
             raw=data,
         )
 
@@ -272,6 +275,78 @@ class QueueInfo:
                 if isinstance(data.get("held"), dict)
                 else None
             ),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class ScheduleSlot:
+    """An item's ``schedule``: the schedule that posted it (its ``name``) and the ``slot`` it
+    was posted for (SPEC section 8.3); its key is ``schedule:<name>:<slot>``."""
+
+    name: str
+    slot: datetime
+
+    @classmethod
+    def from_wire(cls, data: Any) -> ScheduleSlot | None:
+        """``{"name", "slot"}`` as a ScheduleSlot; anything else (no schedule) as None."""
+        if not isinstance(data, dict):
+            return None
+        slot = parse_time(data.get("slot"))
+        if slot is None:
+            return None
+        return cls(name=str(data["name"]), slot=slot)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A queue's schedule (SPEC section 8.3): it posts ``payload`` at each slot of ``cron``
+    (five fields, read in ``timezone``) or of ``every`` seconds (counted from the Unix
+    epoch), one at most of the two being set.
+
+    ``overlap``: ``allow`` or ``skip`` (a slot posts nothing while the previous item is not
+    terminal); ``catchup_seconds``: how late a slot found late may still be posted.
+    ``next_at``: its next slot (None while ``paused``); ``last_slot`` and ``last_item``: the
+    last slot it posted and that item's id (None before the first)."""
+
+    queue: str
+    name: str
+    cron: str | None
+    every: int | None
+    timezone: str
+    payload: Any
+    thread_id: str | None
+    priority: int
+    overlap: str
+    catchup_seconds: float
+    paused: bool
+    next_at: datetime | None
+    last_slot: datetime | None
+    last_item: str | None
+    created_at: datetime | None
+    updated_at: datetime | None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Schedule:
+        every = data.get("every")
+        return cls(
+            queue=str(data.get("queue", "")),
+            name=str(data["name"]),
+            cron=data.get("cron"),
+            every=None if every is None else int(every),
+            timezone=str(data.get("timezone") or "UTC"),
+            payload=data.get("payload"),
+            thread_id=data.get("threadId"),
+            priority=int(data.get("priority") or 0),
+            overlap=str(data.get("overlap") or "allow"),
+            catchup_seconds=float(data.get("catchupSeconds") or 0),
+            paused=bool(data.get("paused", False)),
+            next_at=parse_time(data.get("nextAt")),
+            last_slot=parse_time(data.get("lastSlot")),
+            last_item=data.get("lastItem"),
+            created_at=parse_time(data.get("createdAt")),
+            updated_at=parse_time(data.get("updatedAt")),
             raw=data,
         )
 

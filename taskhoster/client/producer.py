@@ -1,9 +1,11 @@
-"""Producers: create queues, post items, read them and wait for their verdicts.
+"""Producers: create queues, post items, read them and wait for their verdicts, and manage
+schedules.
 
 ``Producer`` blocks; ``AsyncProducer`` has the same methods as coroutines. Both resend a call
-after a connection error or a 502/503/504 when that is safe: reads, queue updates, deletes,
-and posts, which always carry an idempotency key (one is made up when none is given), so a
-post whose answer was lost is answered with the first post's item instead of a duplicate.
+after a connection error or a 502/503/504 when that is safe: reads, queue and schedule
+updates, deletes, and posts, which always carry an idempotency key (one is made up when none
+is given), so a post whose answer was lost is answered with the first post's item instead of
+a duplicate.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .models import (
     ItemOptions,
     QueueInfo,
     RateLimit,
+    Schedule,
     WorkerInfo,
 )
 
@@ -285,6 +288,74 @@ class Producer(_Base):
         calls ``job.progress(value)`` instead.)"""
         return self._run(_http.report_progress(item_id, lease, progress))
 
+    # -- schedules (SPEC section 8.3) -----------------------------------------------------
+
+    def put_schedule(
+        self,
+        queue: str,
+        name: str,
+        *,
+        cron: str | None = None,
+        every: int | None = None,
+        payload: Any = _UNSET,
+        timezone: str | None = None,
+        thread_id: str | None = _UNSET,
+        priority: int | None = None,
+        overlap: str | None = None,
+        catchup_seconds: float | None = None,
+        paused: bool | None = None,
+    ) -> Schedule:
+        """Create the schedule (``cron`` or ``every``, and ``payload``, are needed then), or
+        change what is given (the rest is kept; ``thread_id=None`` means no thread). Needs
+        ``manage``.
+
+        ``cron``: five fields read in ``timezone`` (default UTC); ``every``: seconds between
+        slots, counted from the Unix epoch. Each slot posts one item of ``payload`` (with
+        ``thread_id`` and ``priority``) under the key ``schedule:<name>:<slot>``.
+        ``overlap="skip"``: a slot posts nothing while the previous item is not terminal.
+        ``catchup_seconds`` (default 60): a slot found late is posted if at most this late.
+        A change of the timing, or a resume, starts again from the first slot after now."""
+        settings = _http.schedule_settings(
+            cron=cron,
+            every=every,
+            timezone=timezone,
+            payload=payload,
+            thread_id=thread_id,
+            priority=priority,
+            overlap=overlap,
+            catchup_seconds=catchup_seconds,
+            paused=paused,
+        )
+        return self._run(_http.put_schedule(queue, name, settings))
+
+    def get_schedule(self, queue: str, name: str) -> Schedule:
+        """The schedule, with its next and last slots; :class:`NotFound` (code
+        ``schedule_not_found``) if there is none of that name."""
+        return self._run(_http.get_schedule(queue, name))
+
+    def list_schedules(self, queue: str, *, page_size: int | None = None) -> Iterator[Schedule]:
+        """Every schedule of the queue, by name, page by page."""
+        cursor: str | None = None
+        while True:
+            page, cursor = self._run(_http.list_schedules(queue, cursor, page_size))
+            yield from page
+            if not cursor:
+                return
+
+    def delete_schedule(self, queue: str, name: str) -> None:
+        """Delete the schedule: none of its slots is posted from now on (the items it
+        posted stay)."""
+        self._run(_http.delete_schedule(queue, name))
+
+    def pause_schedule(self, queue: str, name: str) -> Schedule:
+        """Post none of the schedule's slots until :meth:`resume_schedule`."""
+        return self._run(_http.set_schedule_paused(queue, name, True))
+
+    def resume_schedule(self, queue: str, name: str) -> Schedule:
+        """Undo :meth:`pause_schedule`: the first slot after now is the next one posted (the
+        slots passed while paused are not)."""
+        return self._run(_http.set_schedule_paused(queue, name, False))
+
 
 class AsyncProducer(_Base):
     """:class:`Producer` for asyncio: the same methods, awaited (``items`` is an async
@@ -470,3 +541,54 @@ class AsyncProducer(_Base):
 
     async def report_progress(self, item_id: str, lease: str, progress: Any) -> bool:
         return await self._run(_http.report_progress(item_id, lease, progress))
+
+    async def put_schedule(
+        self,
+        queue: str,
+        name: str,
+        *,
+        cron: str | None = None,
+        every: int | None = None,
+        payload: Any = _UNSET,
+        timezone: str | None = None,
+        thread_id: str | None = _UNSET,
+        priority: int | None = None,
+        overlap: str | None = None,
+        catchup_seconds: float | None = None,
+        paused: bool | None = None,
+    ) -> Schedule:
+        settings = _http.schedule_settings(
+            cron=cron,
+            every=every,
+            timezone=timezone,
+            payload=payload,
+            thread_id=thread_id,
+            priority=priority,
+            overlap=overlap,
+            catchup_seconds=catchup_seconds,
+            paused=paused,
+        )
+        return await self._run(_http.put_schedule(queue, name, settings))
+
+    async def get_schedule(self, queue: str, name: str) -> Schedule:
+        return await self._run(_http.get_schedule(queue, name))
+
+    async def list_schedules(
+        self, queue: str, *, page_size: int | None = None
+    ) -> AsyncIterator[Schedule]:
+        cursor: str | None = None
+        while True:
+            page, cursor = await self._run(_http.list_schedules(queue, cursor, page_size))
+            for schedule in page:
+                yield schedule
+            if not cursor:
+                return
+
+    async def delete_schedule(self, queue: str, name: str) -> None:
+        await self._run(_http.delete_schedule(queue, name))
+
+    async def pause_schedule(self, queue: str, name: str) -> Schedule:
+        return await self._run(_http.set_schedule_paused(queue, name, True))
+
+    async def resume_schedule(self, queue: str, name: str) -> Schedule:
+        return await self._run(_http.set_schedule_paused(queue, name, False))

@@ -126,12 +126,19 @@ TIMING = ("cron", "every", "timezone")
 
 
 def put_schedule(
-    queue_name: str, name: str, body: Any, *, at: datetime | None = None
+    queue_name: str,
+    name: str,
+    body: Any,
+    *,
+    at: datetime | None = None,
+    check_only: bool = False,
 ) -> tuple[Schedule, bool]:
     """Create the schedule or change what ``body`` gives; True when it was created.
 
     A change of its timing (cron, every, timezone) or a resume starts it again from the first
-    slot after now; any change makes steps read before it post nothing (``rev``)."""
+    slot after now; any change makes steps read before it post nothing (``rev``).
+    ``check_only``: refuse what the change would refuse, and change nothing (a form's
+    check)."""
     validate_schedule_name(name)
     values = validate(SCHEDULE, body)
     at = at or utcnow()
@@ -158,7 +165,11 @@ def put_schedule(
                     updated_at=at,
                 )
             was = (schedule.cron, schedule.every, schedule.timezone, schedule.paused)
+            before = {f: getattr(schedule, f) for f in DEFINITION}
             _apply(schedule, values)
+            if not created and before == {f: getattr(schedule, f) for f in DEFINITION}:
+                schedule.queue = found_queue
+                return schedule, False  # nothing changed: steps read before it still hold
             spec = _spec(schedule)
             _check_spec(spec)
             retime = created or was != (
@@ -172,10 +183,13 @@ def put_schedule(
             if not created:
                 schedule.rev += 1
             schedule.updated_at = at
+            if check_only:
+                schedule.queue = found_queue
+                return schedule, created
             schedule.save()
             _keep_definitions(found_queue)
-    except IntegrityError:
-        return put_schedule(queue_name, name, body, at=at)  # made at once elsewhere: change it
+    except IntegrityError:  # made at once elsewhere: change it
+        return put_schedule(queue_name, name, body, at=at, check_only=check_only)
     schedule.queue = found_queue
     return schedule, created
 
@@ -336,8 +350,11 @@ def fire_due(*, at: datetime | None = None) -> ScheduleReport:
             steps, skipped = _firings(schedule, at)
             firings.extend(steps)
             report.skipped += skipped
-        for start in range(0, len(firings), DUE_BATCH):
-            _run(firings[start : start + DUE_BATCH], report)
+            while len(firings) >= DUE_BATCH:  # a group at a time: memory stays bounded
+                _run(firings[:DUE_BATCH], report)
+                del firings[:DUE_BATCH]
+        if firings:
+            _run(firings, report)
         # A schedule done in this round is read again only if its slots ran past the pass's
         # cap; one that lost a race is another sweep's now.
         done |= {s.id for s in due}
