@@ -35,8 +35,10 @@ def local(values: list[datetime], tz: str) -> list[str]:
     return [v.astimezone(zone).strftime("%m-%d %H:%M%z") for v in values]
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+def utc(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0
+) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 # -- intervals -----------------------------------------------------------------------------------
