@@ -621,9 +621,10 @@ class FileBatch:
     def create(self, queue: str, item_id: str, line: bytes, *, replace: bool = False) -> None:
         """A new item: its file in ``pending/``, holding its first line.
 
-        ``replace``: a file already at that name is the leftover of an attempt that never
-        committed (an id made the same by every attempt, as a schedule's slot's is, and no
-        row holds it), so it is removed first rather than refused."""
+        ``replace``: a file already at that name is taken as the leftover of an attempt that
+        never committed (an id made the same by every attempt, as a schedule's slot's is),
+        and moved to ``<root>/.quarantine/`` rather than refused; should the group fail (a
+        row did hold it: its insert conflicts), the rollback puts it back."""
         target = self.store.item_file(queue, State.PENDING, item_id)
         try:
             try:
@@ -634,7 +635,13 @@ class FileBatch:
             except FileExistsError:
                 if not replace:
                     raise
-                self.store.sys.unlink(target)
+                aside_dir = self.store.root / QUARANTINE
+                if not aside_dir.is_dir():
+                    with contextlib.suppress(FileExistsError):
+                        self.store.sys.mkdir(str(aside_dir))
+                aside = str(aside_dir / f"{queue}.pending.{item_id}.{secrets.token_hex(4)}.json")
+                self.store.sys.rename(target, aside)
+                self.undo.append(("rename", aside, target))
                 self.store.sys.create(target, line)
         except OSError as exc:
             raise StoreError(f"could not write item file: {exc}") from exc

@@ -8,6 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from .. import engine
+from ..errors import InvalidInput
 from . import params
 from .auth import require
 from .base import ApiView
@@ -38,7 +39,10 @@ class ScheduleListView(ApiView):
         engine.validate_queue_name(queue)
         after = decode_cursor(request.query_params.get("cursor"))
         if after is not None:
-            engine.validate_schedule_name(after)
+            try:
+                engine.validate_schedule_name(after)
+            except InvalidInput:
+                raise InvalidInput("invalid cursor", code="invalid_cursor") from None
         limit = params.limit(request.query_params)
         found = engine.list_schedules(queue, after=after, limit=limit)
         page = found[:limit]

@@ -30,7 +30,7 @@ from .pacing import Pacer, background
 from .removal import reclaim_deleted_queues
 from .rows import ITEM, adapt_time
 from .rules import Clock
-from .schedules import ScheduleReport, fire_due
+from .schedules import ON_TIME_SECONDS, ScheduleReport, fire_due
 from .transitions import apply_clock
 
 log = logging.getLogger(__name__)
@@ -158,10 +158,12 @@ def _queues_with_work(queues: list[Queue], at: datetime) -> set[int]:
     return found
 
 
-def sweep(*, at: datetime | None = None) -> SweepReport:
+def sweep(*, at: datetime | None = None, on_time: float = ON_TIME_SECONDS) -> SweepReport:
+    """One pass of every clock. ``on_time``: schedules' slots at most this late were found
+    on time (``schedules.fire_due``)."""
     at = at or utcnow()
     report = SweepReport()
-    report.schedules = fire_due(at=at)
+    report.schedules = fire_due(at=at, on_time=on_time)
     lapsed = Item.objects.filter(status=Status.PROCESSING, lease_expires_at__lte=at)
     report.requeued += _clock(lapsed, "lease_expires_at", Clock.LAPSE, at, report)
     queues = list(Queue.objects.filter(deleting=False))

@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 DUE_BATCH = 500
 # Slots one schedule may post in one pass (a long catch-up goes on in the next pass).
 MOST_SLOTS_PER_PASS = 1000
+# A slot at most this late was found on time, whatever its catchupSeconds (a pass of a sweep
+# run by hand, or once a minute by cron, should not skip one it finds 0.5 s late).
+ON_TIME_SECONDS = 2.0
 # Rounds of one pass: a round reads the due schedules again (those a lost race or a batch
 # left due).
 MOST_ROUNDS = 20
@@ -142,9 +145,15 @@ def put_schedule(
     validate_schedule_name(name)
     values = validate(SCHEDULE, body)
     at = at or utcnow()
+    wrote = False
+    found_queue: Queue | None = None
     try:
         with transaction.atomic():
-            queue = Queue.objects.select_for_update().filter(name=queue_name, deleting=False)
+            # FOR NO KEY UPDATE: a group inserting this queue's items (which takes FOR KEY
+            # SHARE on its row, for the foreign key) is not kept waiting by it.
+            queue = Queue.objects.select_for_update(no_key=True).filter(
+                name=queue_name, deleting=False
+            )
             found_queue = queue.first()
             if found_queue is None:
                 raise QueueNotFound(f"queue {queue_name!r} does not exist")
@@ -179,7 +188,9 @@ def put_schedule(
                 schedule.paused,
             )
             if retime:
-                schedule.next_at = slots.first_slot(spec, at)
+                # Never at or before a slot it posted (another host's clock may be behind).
+                since = max(at, schedule.last_slot) if schedule.last_slot else at
+                schedule.next_at = slots.first_slot(spec, since)
             if not created:
                 schedule.rev += 1
             schedule.updated_at = at
@@ -188,8 +199,13 @@ def put_schedule(
                 return schedule, created
             schedule.save()
             _keep_definitions(found_queue)
+            wrote = True
     except IntegrityError:  # made at once elsewhere: change it
         return put_schedule(queue_name, name, body, at=at, check_only=check_only)
+    except BaseException:
+        if wrote:  # the file is ahead of a change that did not commit: put it back
+            _resync_definitions(found_queue)
+        raise
     schedule.queue = found_queue
     return schedule, created
 
@@ -237,11 +253,20 @@ def _check_spec(spec: slots.Spec) -> None:
 def delete_schedule(queue_name: str, name: str) -> None:
     """Gone at once: a step the sweep read before finds it gone and posts nothing."""
     schedule = get_schedule(queue_name, name)
-    with transaction.atomic():
-        queue = Queue.objects.select_for_update().filter(id=schedule.queue_id).first()
-        deleted, _ = Schedule.objects.filter(id=schedule.id).delete()
-        if deleted and queue is not None:
-            _keep_definitions(queue)
+    wrote = False
+    try:
+        with transaction.atomic():
+            queue = (
+                Queue.objects.select_for_update(no_key=True).filter(id=schedule.queue_id).first()
+            )
+            deleted, _ = Schedule.objects.filter(id=schedule.id).delete()
+            if deleted and queue is not None:
+                _keep_definitions(queue)
+                wrote = True
+    except BaseException:
+        if wrote:
+            _resync_definitions(schedule.queue)
+        raise
     if not deleted:
         raise ScheduleNotFound(f"schedule {name!r} of queue {queue_name!r} does not exist")
 
@@ -274,19 +299,37 @@ def _keep_definitions(queue: Queue) -> None:
     write_schedules(store(), queue.name, [dict(row) for row in rows])
 
 
+def _resync_definitions(queue: Queue | None) -> None:
+    """After a change that wrote the file but did not commit: the file as the committed rows
+    are (best effort: a failure leaves it to the next change, or to repair's reading)."""
+    if queue is None:
+        return
+    try:
+        _keep_definitions(queue)
+    except Exception:
+        log.exception("schedules of queue %s: could not rewrite schedules.json", queue.name)
+
+
 def restore_definitions(queue: Queue, *, at: datetime | None = None) -> int:
     """Bring the queue's schedule rows in line with its ``schedules.json`` (repair): a
     definition missing from the index is made again, one changed is changed back, a row the
     file does not hold is deleted. How many rows changed. A queue that never had a
     schedule (no file) is left alone."""
-    saved = read_schedules(store(), queue.name)
-    if saved is None:
-        return 0
     at = at or utcnow()
-    wanted = {str(d.get("name")): d for d in saved if isinstance(d.get("name"), str)}
     changed = 0
     with transaction.atomic():
-        rows = {s.name: s for s in Schedule.objects.select_for_update().filter(queue=queue)}
+        # Under the queue's row lock, as every change takes it: a put or delete committing
+        # meanwhile is read, never undone.
+        if Queue.objects.select_for_update(no_key=True).filter(id=queue.id).first() is None:
+            return 0
+        saved = read_schedules(store(), queue.name)
+        if saved is None:
+            return 0
+        wanted = {str(d.get("name")): d for d in saved if isinstance(d.get("name"), str)}
+        rows = {
+            s.name: s
+            for s in Schedule.objects.select_for_update().filter(queue=queue).order_by("id")
+        }
         for name, extra in rows.items():
             if name not in wanted:
                 extra.delete()
@@ -330,9 +373,13 @@ class ScheduleReport:
     errors: list[str] = field(default_factory=list)
 
 
-def fire_due(*, at: datetime | None = None) -> ScheduleReport:
+def fire_due(*, at: datetime | None = None, on_time: float = ON_TIME_SECONDS) -> ScheduleReport:
     """Post every due slot of every unpaused schedule of a live queue (as the module
-    docstring says), oldest first; one indexed query per round finds the due schedules."""
+    docstring says), oldest first; one indexed query per round finds the due schedules.
+
+    ``on_time``: a slot at most this late was not found late, whatever its
+    ``catchupSeconds`` (a sweep every S seconds finds its slots up to S late: the sweep
+    command passes its interval and a second more)."""
     report = ScheduleReport()
     at = at or utcnow()
     done: set[int] = set()
@@ -347,7 +394,7 @@ def fire_due(*, at: datetime | None = None) -> ScheduleReport:
             break
         firings: list[Firing] = []
         for schedule in due:
-            steps, skipped = _firings(schedule, at)
+            steps, skipped = _firings(schedule, at, on_time)
             firings.extend(steps)
             report.skipped += skipped
             while len(firings) >= DUE_BATCH:  # a group at a time: memory stays bounded
@@ -355,23 +402,22 @@ def fire_due(*, at: datetime | None = None) -> ScheduleReport:
                 del firings[:DUE_BATCH]
         if firings:
             _run(firings, report)
-        # A schedule done in this round is read again only if its slots ran past the pass's
-        # cap; one that lost a race is another sweep's now.
+        # A schedule done in this round is not read again in this pass (one whose slots ran
+        # past the pass's cap goes on in the next; one that lost a race is another sweep's).
         done |= {s.id for s in due}
         if len(due) < DUE_BATCH:
             break
     return report
 
 
-def _firings(schedule: Schedule, at: datetime) -> tuple[list[Firing], int]:
+def _firings(schedule: Schedule, at: datetime, on_time: float = 0.0) -> tuple[list[Firing], int]:
     """A due schedule's steps (one per slot it owes, oldest first; the first also passes
     over the slots too late to catch up), and how many slots it passes over."""
     assert schedule.next_at is not None
     spec = _spec(schedule)
     try:
-        due, skipped, after = slots.due_slots(
-            spec, schedule.next_at, at, schedule.catchup_seconds, MOST_SLOTS_PER_PASS
-        )
+        late = max(schedule.catchup_seconds, on_time)
+        due, skipped, after = slots.due_slots(spec, schedule.next_at, at, late, MOST_SLOTS_PER_PASS)
     except slots.BadSpec as exc:
         log.error("schedule %s of queue %s: %s", schedule.name, schedule.queue.name, exc)
         return [], 0

@@ -21,17 +21,19 @@ So a schedule's slots are always strictly increasing instants, and a slot's key
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from cronsim import CronSim, CronSimError
 
 KEY_PREFIX = "schedule:"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_EVERY = 366 * 86400  # a year and a day
+MOST_COUNTED = 10_000  # late cron slots counted one by one before the rest are jumped over
 
 
 class BadSpec(ValueError):
@@ -47,10 +49,18 @@ class Spec:
     timezone: str = "UTC"
 
 
+@functools.cache
+def _known_zones() -> frozenset[str]:
+    return frozenset(available_timezones()) | {"UTC"}
+
+
 def zone(name: str) -> ZoneInfo:
-    """The IANA timezone ``name``, or ``BadSpec``."""
+    """The IANA timezone ``name``, or ``BadSpec``. Only the names of the timezone database
+    (not the host's ``localtime``, ``posixrules`` or ``Factory``)."""
     if not isinstance(name, str) or not name or len(name) > 64 or "\x00" in name:
         raise BadSpec("timezone must be an IANA name such as Europe/Berlin")
+    if name not in _known_zones() or name in ("localtime", "posixrules", "Factory"):
+        raise BadSpec(f"unknown timezone {name!r} (an IANA name such as Europe/Berlin)")
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
@@ -182,6 +192,14 @@ def due_slots(
         first = next_every(spec.every, oldest - timedelta(microseconds=1))
         skipped = int((first - slot) / timedelta(seconds=spec.every))
         slot = first
+    elif slot is not None and slot < oldest:
+        # A cron's late slots are counted up to a point, then passed over at once (a
+        # minute's cron after a month without a sweep is 43,200 of them).
+        while slot is not None and slot < oldest and skipped < MOST_COUNTED:
+            skipped += 1
+            slot = next_slot(spec, slot)
+        if slot is not None and slot < oldest:
+            slot = next_slot(spec, oldest - timedelta(microseconds=1))
     post: list[datetime] = []
     while slot is not None and slot <= at and len(post) < most:
         if slot < oldest:

@@ -40,6 +40,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -50,13 +51,14 @@ import pytest
 
 from taskhoster import engine, identity
 from taskhoster import store as store_module
-from taskhoster.engine import reclaim, removal, runner
+from taskhoster.engine import reclaim, removal, runner, schedules
 from taskhoster.engine.common import store as the_store
 from taskhoster.engine.ops import (
     Claim,
     Delete,
     Extend,
     Fail,
+    Fire,
     NewItem,
     Release,
     Requeue,
@@ -67,8 +69,8 @@ from taskhoster.engine.ops import (
 from taskhoster.engine.posts import prepare_post
 from taskhoster.engine.queues import queue_settings
 from taskhoster.engine.rules import Clock
-from taskhoster.models import Item, Queue, QueueCount, Thread
-from taskhoster.status import Status
+from taskhoster.models import Item, Queue, QueueCount, Schedule, Thread
+from taskhoster.status import State, Status
 from taskhoster.store import Syscalls, decode
 from taskhoster.timeutil import now as utcnow
 
@@ -152,6 +154,10 @@ def record_acks(trace: Trace, monkeypatch: pytest.MonkeyPatch) -> None:
             for posted in value if isinstance(value, list) else []:
                 if isinstance(posted, engine.Posted) and posted.created:
                     trace.add("ack-post", posted.row.id, posted.payload)
+            if isinstance(op, Fire):  # a schedule's slots: their items, as posts
+                for firing, fired in zip(op.firings, value, strict=True):
+                    if fired.created and firing.post is not None:
+                        trace.add("ack-post", fired.item, firing.post.items[0].payload)
             if isinstance(op, Result | Fail) and value.accepted:
                 if value.status == "finished" and isinstance(op, Result):
                     trace.add("ack-verdict", op.item_id, value.status, op.result)
@@ -192,6 +198,34 @@ def settings_changed(trace: Trace, name: str, body: dict[str, Any]) -> None:
     """Create or change a queue; acknowledged (with its settings) once it returns."""
     queue, _created = engine.upsert_queue(name=name, body=body)
     trace.add("ack-settings", name, queue_settings(queue))
+
+
+def schedule_changed(trace: Trace, queue: str, name: str, body: dict[str, Any]) -> Any:
+    """Create or change a schedule; acknowledged (with its definition) once it returns.
+    While it runs, the fields it changes may hold either value after a power cut."""
+    trace.add("schedule-changing", queue, name, *body)
+    made, _created = engine.put_schedule(queue, name, body)
+    trace.add("ack-schedule", queue, name, engine.schedule_wire(made, queue))
+    return made
+
+
+def schedule_steps(trace: Trace) -> None:
+    """A schedule made (its definitions file), a slot's step that finds the file a crashed
+    attempt left at the slot's id (moved aside, its own written), the same step again (a
+    second sweep's: nothing), and a change of the schedule."""
+    made = schedule_changed(trace, "q", "tick", {"every": 1, "payload": "tick", "priority": 3})
+    time.sleep(max(0.0, (made.next_at - utcnow()).total_seconds()) + 0.01)  # its slot is due
+    row = Schedule.objects.select_related("queue").get(id=made.id)
+    steps, _skipped = schedules._firings(row, utcnow())
+    first = steps[:1]
+    assert first[0].post is not None
+    leftover = the_store().item_file("q", State.PENDING, first[0].post.rows[0].id)
+    the_store().sys.create(leftover, b'{"id": "torn')  # an attempt that never committed
+    ((fired,),) = group(Fire(firings=first))
+    assert fired.created
+    ((again,),) = group(Fire(firings=first))
+    assert not again.done
+    schedule_changed(trace, "q", "tick", {"paused": True, "catchupSeconds": 5})
 
 
 def run_workload(trace: Trace, lists: list[Path]) -> None:
@@ -242,6 +276,7 @@ def run_workload(trace: Trace, lists: list[Path]) -> None:
     )
     ((e, _f),) = group(post("q", "e", "f"))
     settings_changed(trace, "q", {"deadLetterQueue": "dead", "backoffSeconds": 0, "maxAttempts": 7})
+    schedule_steps(trace)
     # Deletes: one item, then one beside a post (each file unlinked in the group), then a
     # delete by status and retention, each of three or more files (by a list, unlinked
     # behind the answer).
@@ -321,6 +356,8 @@ class Acknowledged:
     deleted: set[str] = field(default_factory=set)
     deleted_queues: set[str] = field(default_factory=set)
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    schedules: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    schedules_changing: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     restarting: set[str] = field(default_factory=set)  # a restart under way may undo a verdict
     deleting: set[str] = field(default_factory=set)  # a delete under way may have taken them
     deleting_queues: set[str] = field(default_factory=set)
@@ -359,6 +396,11 @@ class Acknowledged:
                 acks.deleted.update(op[2:])
             elif kind == "ack-settings":
                 acks.settings[op[1]] = op[2]
+            elif kind == "schedule-changing":
+                acks.schedules_changing[(op[1], op[2])] = set(op[3:])
+            elif kind == "ack-schedule":
+                acks.schedules[(op[1], op[2])] = op[3]
+                acks.schedules_changing.pop((op[1], op[2]), None)
         # A claim since the verdict's line (in the same group or later), and its result,
         # durable or not, answered or not, may have moved the item on.
         acks.moved_after = {
@@ -442,6 +484,34 @@ def check_after_repair(root: Path, acks: Acknowledged, what: StateName) -> None:
         queue = Queue.objects.filter(name=name, deleting=False).first()
         assert queue is not None, f"queue {name} lost in {what}"
         assert queue_settings(queue) == expected_settings, f"settings of {name} in {what}"
+    for (queue_name, name), wire in acks.schedules.items():
+        if queue_name in acks.deleting_queues:
+            continue
+        schedule = Schedule.objects.filter(queue__name=queue_name, name=name).first()
+        assert schedule is not None, f"schedule {name} of {queue_name} lost in {what}"
+        got = engine.schedule_wire(schedule, queue_name)
+        changing = acks.schedules_changing.get((queue_name, name), set())
+        for field_name in ("every", "cron", "timezone", "payload", "priority", "paused"):
+            if field_name not in changing:
+                assert got[field_name] == wire[field_name], f"{field_name} of {name} in {what}"
+        if "catchupSeconds" not in changing:
+            assert got["catchupSeconds"] == wire["catchupSeconds"], f"catch-up in {what}"
+    slot_files: Counter[str] = Counter()
+    item_files = [
+        path
+        for state in ("pending", "processing", "done")
+        for path in root.glob(f"*/{state}/*.json")
+        if not path.parent.parent.name.startswith(".")  # the trash, the quarantine
+    ]
+    for path in item_files:
+        try:
+            key = decode(path.read_bytes())[0].get("key") or ""
+        except Exception as exc:
+            raise AssertionError(f"{path} unreadable after repair in {what}") from exc
+        if key.startswith("schedule:"):
+            slot_files[key] += 1
+    twice = [key for key, n in slot_files.items() if n > 1]
+    assert not twice, f"slots {twice} have two items in {what}"
     assert_index_matches_directories(root)
     assert_threads_consistent()
     run_on(acks, what)
@@ -525,7 +595,14 @@ def test_no_power_cut_loses_an_acknowledged_post_or_undoes_a_verdict_or_a_delete
     trace.recording = False
     ops = trace.ops
     kinds = {op[0] for op in ops}
-    assert kinds >= {"ack-post", "ack-verdict", "ack-delete", "ack-delete-queue", "ack-settings"}
+    assert kinds >= {
+        "ack-post",
+        "ack-verdict",
+        "ack-delete",
+        "ack-delete-queue",
+        "ack-settings",
+        "ack-schedule",
+    }
     assert kinds >= {"create", "append", "rename", "unlink", "mkdir", "rmdir"}
 
     # Each state is written out in memory where there is a tmpfs (a disk's metadata writes

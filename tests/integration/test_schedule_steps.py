@@ -109,6 +109,40 @@ def test_a_leftover_file_at_a_slots_id_is_replaced_not_kept_beside_it(queue, sta
     assert record["key"] == "schedule:s:2026-12-03T08:00:00Z"
     assert [i.id for i in items()] == [item_id]
     assert len(list((state_root / "q").glob("*/*.json"))) == 1
+    # Kept aside, not unlinked: had a row held it, the group's rollback would put it back.
+    (aside,) = (state_root / ".quarantine").glob(f"q.pending.{item_id}.*.json")
+    assert aside.read_bytes() == b'{"torn'
+
+
+def test_a_group_that_fails_after_replacing_a_file_puts_the_file_back(queue, state_root):
+    from taskhoster.engine.common import store
+
+    batch = store().batch()
+    path = state_root / "q" / "pending" / "abc.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"theirs\n")
+    batch.create("q", "abc", b"ours\n", replace=True)
+    assert path.read_bytes() == b"ours\n"
+    batch.rollback()
+    assert path.read_bytes() == b"theirs\n"
+    assert list((state_root / ".quarantine").iterdir()) == []
+
+
+def test_a_slot_found_a_little_late_is_posted_whatever_catchup_seconds(queue):
+    make("s", every=60, catchupSeconds=0)
+    report = engine.fire_due(at=T0 + timedelta(seconds=1.5))  # a sweep's ordinary delay
+    assert (report.posted, report.skipped) == (1, 0)
+    late = engine.fire_due(at=T0 + timedelta(seconds=60 + 3))  # its next slot, 3 s late
+    assert (late.posted, late.skipped) == (0, 1)
+
+
+def test_a_timing_change_never_moves_the_next_slot_back_to_one_posted(queue):
+    make("s", every=60)
+    engine.fire_due(at=T0 + timedelta(seconds=1))
+    # A change made on a host whose clock is a minute behind the sweep's.
+    changed, _ = engine.put_schedule("q", "s", {"every": 30}, at=T0 - timedelta(seconds=60))
+    assert changed.next_at is not None
+    assert changed.next_at > T0
 
 
 def test_overlap_skip_in_one_pass_posts_the_first_late_slot_and_passes_the_rest(queue):

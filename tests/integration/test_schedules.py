@@ -163,6 +163,9 @@ def test_schedules_are_listed_by_name_a_page_at_a_time(http, server):
     first = http.get("/api/queues/q/schedules", params={"limit": 2}).json()
     assert [s["name"] for s in first["schedules"]] == ["a", "b"]
     assert first["next"]
+    bad = http.get("/api/queues/q/schedules", params={"cursor": "LmJhZA"})  # ".bad"
+    assert bad.status_code == 400
+    assert bad.json()["error"]["code"] == "invalid_cursor"
     rest = http.get("/api/queues/q/schedules", params={"limit": 2, "cursor": first["next"]})
     assert [s["name"] for s in rest.json()["schedules"]] == ["c"]
     assert rest.json()["next"] is None

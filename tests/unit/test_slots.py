@@ -153,7 +153,10 @@ def test_cron_names_ranges_steps_and_lists_are_understood():
     assert [f.hour for f in found] == [9, 13, 17]
 
 
-@pytest.mark.parametrize("bad", ["Mars/Olympus", "", "../../etc/passwd", "/etc/localtime", "a\x00"])
+@pytest.mark.parametrize(
+    "bad",
+    ["Mars/Olympus", "", "../../etc/passwd", "/etc/localtime", "a\x00", "localtime", "Factory"],
+)
 def test_an_unknown_timezone_is_refused(bad):
     with pytest.raises(slots.BadSpec):
         slots.zone(bad)
@@ -195,3 +198,12 @@ def test_due_slots_posts_the_late_ones_within_catchup_oldest_first_and_skips_the
     assert post == [utc(2026, 1, 1, 0, 50), utc(2026, 1, 1, 0, 51), utc(2026, 1, 1, 0, 52)]
     assert skipped == 50
     assert after == utc(2026, 1, 1, 0, 53)  # the rest in the next pass
+
+
+def test_a_crons_slots_a_month_late_are_passed_over_without_walking_each():
+    spec = Spec(cron="* * * * *")
+    start = utc(2026, 1, 1)
+    post, skipped, after = slots.due_slots(spec, start, utc(2026, 2, 1), 120, 100)
+    assert post == [utc(2026, 1, 31, 23, 58), utc(2026, 1, 31, 23, 59), utc(2026, 2, 1)]
+    assert skipped >= slots.MOST_COUNTED  # counted up to there, the rest jumped
+    assert after == utc(2026, 2, 1, 0, 1)
