@@ -136,10 +136,10 @@ def crash_line(server: Any, point: str) -> str:
 
 def test_every_crash_point_is_in_the_code_and_armed_here():
     """Each name of ``faults.CRASH_POINTS`` is a ``crash_point`` call in the code and is armed
-    by a test of this module (a point nobody arms proves nothing; a name the code lost would
-    make its test arm nothing)."""
+    by a test of this module, or of ``test_schedules.py`` for a schedule's (a point nobody
+    arms proves nothing; a name the code lost would make its test arm nothing)."""
     code = "".join(p.read_text() for p in (REPO / "taskhoster").rglob("*.py"))
-    here = Path(__file__).read_text()
+    here = Path(__file__).read_text() + (Path(__file__).parent / "test_schedules.py").read_text()
     for point in CRASH_POINTS:
         assert f'crash_point("{point}"' in code, point
         assert f'"{point}"' in here or f'"{point}@' in here, point

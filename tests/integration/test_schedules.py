@@ -228,9 +228,11 @@ def test_a_producer_key_may_not_take_a_schedules_slot_key(http, server):
 
 
 def test_managing_schedules_needs_the_manage_scope_and_the_queue(server, make_key):
-    admin = httpx.Client(base_url=server.url, headers={"Authorization": f"Token {make_key()}"})
-    make_queue(admin)
-    make_queue(admin, "other")
+    with httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Token {make_key()}"}
+    ) as admin:
+        make_queue(admin)
+        make_queue(admin, "other")
     produce = make_key("produce")
     other = make_key("manage", queues=["other"])
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Token {produce}"}) as c:
@@ -246,7 +248,6 @@ def test_managing_schedules_needs_the_manage_scope_and_the_queue(server, make_ke
             c.put("/api/queues/other/schedules/s", json={"every": 5, "payload": 1}).status_code
             == 201
         )
-    admin.close()
 
 
 # -- each slot, one item -------------------------------------------------------------------------
