@@ -227,6 +227,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "late max s": round(max(lateness), 3) if lateness else None,
             "repair rows added": repaired.rows_added,
             "sweep errors logged": logs.count("Traceback") + logs.count("failed"),
+            "sweep error lines": [
+                line[:300]
+                for line in logs.splitlines()
+                if "Traceback" in line or "failed" in line or "Error" in line
+            ][:10],
+            "load average (1, 5, 15 min)": [round(x, 2) for x in os.getloadavg()],
         }
     finally:
         for sweep in sweeps:
