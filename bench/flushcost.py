@@ -1,0 +1,156 @@
+"""The disk's own cost of making a write durable, to set every other figure beside.
+
+A measurement, not a test. In ``--dir`` (default: a temporary directory under ``--tmpdir``,
+so on that filesystem), ``--rounds`` times each, it times what a post and a verdict need
+durable, the way the store could make them so:
+
+- ``create+fdatasync+dirfsync``: a new file with a 200-byte line, its data flushed, its
+  directory flushed (a post's file and its entry);
+- ``create+syncfs``: the same file, flushed by one ``syncfs`` of the whole filesystem (what a
+  group's barrier does with ``FLUSH = "syncfs"``);
+- ``append+fdatasync``: 200 bytes appended to an open file and flushed (a journal's way, and
+  beanstalkd's with ``-f0``);
+- ``rename+dirfsync``: a file renamed into another directory, that directory flushed (a
+  verdict's move, with its line);
+- ``append+rename+fdatasync+dirfsync``: a verdict as the store makes one durable.
+
+It prints p50, p90 and p99 in microseconds, and, with ``--json``, writes them. Other
+benchmarks compare their per-item times with ``create+fdatasync+dirfsync`` p50 measured in
+the same run (``measure`` returns the table).
+
+::
+
+    .venv/bin/python bench/flushcost.py
+    .venv/bin/python bench/flushcost.py --dir /mnt/ext4-image --rounds 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+LINE = b"x" * 199 + b"\n"
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def syncfs(fd: int) -> None:
+    if _libc.syncfs(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"p50": pick(0.5) * 1e6, "p90": pick(0.9) * 1e6, "p99": pick(0.99) * 1e6}
+
+
+def measure(directory: Path, rounds: int) -> dict[str, dict[str, float]]:
+    """Each way's p50/p90/p99 in microseconds, in ``directory``."""
+    a, b = directory / "a", directory / "b"
+    a.mkdir(exist_ok=True)
+    b.mkdir(exist_ok=True)
+    fsync_dir(directory)
+    results: dict[str, dict[str, float]] = {}
+
+    def timed(name: str, step: Callable[[int], None]) -> None:
+        samples = []
+        for n in range(rounds):
+            started = time.perf_counter()
+            step(n)
+            samples.append(time.perf_counter() - started)
+        results[name] = percentiles(samples)
+
+    def create_fdatasync(n: int) -> None:
+        fd = os.open(a / f"c{n}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+        try:
+            os.write(fd, LINE)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(a)
+
+    def create_syncfs(n: int) -> None:
+        fd = os.open(a / f"s{n}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+        try:
+            os.write(fd, LINE)
+            syncfs(fd)
+        finally:
+            os.close(fd)
+
+    journal = os.open(directory / "journal", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+
+    def append_fdatasync(_n: int) -> None:
+        os.write(journal, LINE)
+        os.fdatasync(journal)
+
+    def rename_dirfsync(n: int) -> None:
+        os.rename(a / f"c{n}.json", b / f"c{n}.json")
+        fsync_dir(b)
+
+    def verdict(n: int) -> None:
+        src, dst = b / f"c{n}.json", a / f"c{n}.json"
+        fd = os.open(src, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, LINE)
+            os.rename(src, dst)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(a)
+
+    try:
+        timed("create+fdatasync+dirfsync", create_fdatasync)
+        timed("create+syncfs", create_syncfs)
+        timed("append+fdatasync", append_fdatasync)
+        timed("rename+dirfsync", rename_dirfsync)
+        timed("append+rename+fdatasync+dirfsync", verdict)
+    finally:
+        os.close(journal)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", default=None, help="measure here (kept); default: a temp dir")
+    parser.add_argument("--tmpdir", default=None, help="where the temp dir goes")
+    parser.add_argument("--rounds", type=int, default=500)
+    parser.add_argument("--json", default=None, help="also write the figures here")
+    args = parser.parse_args()
+    made = args.dir is None
+    directory = Path(args.dir or tempfile.mkdtemp(prefix="taskhoster-flush-", dir=args.tmpdir))
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        results = measure(directory, args.rounds)
+    finally:
+        if made:
+            shutil.rmtree(directory, ignore_errors=True)
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"flush cost in {directory} ({args.rounds} rounds each; load average {load}), µs:")
+    print(f"  {'what':36} {'p50':>8} {'p90':>8} {'p99':>8}")
+    for name, values in results.items():
+        print(f"  {name:36} {values['p50']:8.0f} {values['p90']:8.0f} {values['p99']:8.0f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
