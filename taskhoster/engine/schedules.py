@@ -40,6 +40,7 @@ from .common import store
 from .ops import Fire, Fired, Firing, NewItem, Post
 from .pacing import background
 from .posts import new_row, record_of
+from .transitions import get_live_queue
 
 log = logging.getLogger(__name__)
 
@@ -95,16 +96,9 @@ def _number(value: float) -> float | int:
     return int(value) if float(value).is_integer() else value
 
 
-def _live_queue(queue_name: str) -> Queue:
-    queue = Queue.objects.filter(name=queue_name, deleting=False).first()
-    if queue is None:
-        raise QueueNotFound(f"queue {queue_name!r} does not exist")
-    return queue
-
-
 def get_schedule(queue_name: str, name: str) -> Schedule:
     validate_schedule_name(name)
-    queue = _live_queue(queue_name)
+    queue = get_live_queue(queue_name)
     found = Schedule.objects.filter(queue=queue, name=name).first()
     if found is None:
         raise ScheduleNotFound(f"schedule {name!r} of queue {queue_name!r} does not exist")
@@ -115,7 +109,7 @@ def get_schedule(queue_name: str, name: str) -> Schedule:
 def list_schedules(queue_name: str, *, after: str | None, limit: int) -> list[Schedule]:
     """A queue's schedules by name, a page at a time (``limit`` + 1 read, to tell a next
     page)."""
-    queue = _live_queue(queue_name)
+    queue = get_live_queue(queue_name)
     found = Schedule.objects.filter(queue=queue).order_by("name")
     if after is not None:
         found = found.filter(name__gt=after)
@@ -173,7 +167,6 @@ def put_schedule(
                     created_at=at,
                     updated_at=at,
                 )
-            was = (schedule.cron, schedule.every, schedule.timezone, schedule.paused)
             before = {f: getattr(schedule, f) for f in DEFINITION}
             _apply(schedule, values)
             if not created and before == {f: getattr(schedule, f) for f in DEFINITION}:
@@ -181,12 +174,7 @@ def put_schedule(
                 return schedule, False  # nothing changed: steps read before it still hold
             spec = _spec(schedule)
             _check_spec(spec)
-            retime = created or was != (
-                schedule.cron,
-                schedule.every,
-                schedule.timezone,
-                schedule.paused,
-            )
+            retime = created or any(before[f] != getattr(schedule, f) for f in (*TIMING, "paused"))
             if retime:
                 # Never at or before a slot it posted (another host's clock may be behind).
                 since = max(at, schedule.last_slot) if schedule.last_slot else at

@@ -21,3 +21,11 @@ def http(server: Any, key: str) -> Iterator[httpx.Client]:
         base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=30
     ) as client:
         yield client
+
+
+@pytest.fixture
+def staff(db: None) -> Any:
+    """A superuser's admin client, logged in (a module may define its own)."""
+    from .admin_users import staff_client
+
+    return staff_client()

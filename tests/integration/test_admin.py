@@ -16,6 +16,8 @@ from taskhoster.engine import ItemRow, NewItem
 from taskhoster.keys import authenticate, hash_key
 from taskhoster.models import ApiKey, Item, Queue, Thread
 
+from .admin_users import staff_with
+
 pytestmark = pytest.mark.django_db
 
 ITEMS = reverse("admin:taskhoster_item_changelist")
@@ -515,18 +517,6 @@ def test_a_threads_page_shows_its_processing_members_under_a_thread_limit(
 
 
 # -- Django's model permissions: a staff user may do what its permissions say, no more -------
-
-
-def staff_with(*codenames: str) -> Client:
-    from django.contrib.auth.models import Permission
-
-    user = User.objects.create_user(
-        f"s-{len(codenames)}-{'-'.join(codenames)}"[:150], password="pw", is_staff=True
-    )
-    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
-    client = Client(enforce_csrf_checks=True)
-    client.login(username=user.username, password="pw")
-    return client
 
 
 @pytest.mark.parametrize(

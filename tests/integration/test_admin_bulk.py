@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
@@ -19,27 +19,13 @@ from taskhoster.admin import bulk
 from taskhoster.engine import NewItem
 from taskhoster.models import Item, Queue
 
+from .admin_users import staff_with
+
 pytestmark = pytest.mark.django_db
 
 ITEMS = reverse("admin:taskhoster_item_changelist")
 CANCEL_MATCHING = reverse("admin:taskhoster_item_cancel_matching")
 RESTART_MATCHING = reverse("admin:taskhoster_item_restart_matching")
-
-
-@pytest.fixture
-def staff(db: None) -> Client:
-    User.objects.create_user("op", password="pw", is_staff=True, is_superuser=True)
-    client = Client(enforce_csrf_checks=True)
-    client.login(username="op", password="pw")
-    return client
-
-
-def staff_with(*codenames: str) -> Client:
-    user = User.objects.create_user(f"s-{'-'.join(codenames)}"[:150], password="pw", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
-    client = Client(enforce_csrf_checks=True)
-    client.login(username=user.username, password="pw")
-    return client
 
 
 def csrf(client: Client, url: str = ITEMS) -> str:

@@ -8,7 +8,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
@@ -18,28 +17,12 @@ from taskhoster.errors import ScheduleNotFound
 from taskhoster.models import Item, Schedule
 from taskhoster.timeutil import now as utcnow
 
+from .admin_users import staff_with
+
 pytestmark = pytest.mark.django_db
 
 SCHEDULES = reverse("admin:taskhoster_schedule_changelist")
 ADD = reverse("admin:taskhoster_schedule_add")
-
-
-@pytest.fixture
-def staff(db: None) -> Client:
-    User.objects.create_user("op", password="pw", is_staff=True, is_superuser=True)
-    client = Client(enforce_csrf_checks=True)
-    client.login(username="op", password="pw")
-    return client
-
-
-def staff_with(*codenames: str) -> Client:
-    user = User.objects.create_user(
-        f"s-{len(codenames)}-{'-'.join(codenames)}"[:150], password="pw", is_staff=True
-    )
-    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
-    client = Client(enforce_csrf_checks=True)
-    client.login(username=user.username, password="pw")
-    return client
 
 
 def csrf(client: Client, url: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
@@ -27,28 +27,13 @@ from taskhoster.models import Item, ServerProcess, WorkerSocket
 from taskhoster.timeutil import now as utcnow
 from taskhoster.work import registry
 
+from .admin_users import staff_with
 from .wsclient import admin_session, connect, make_queue, post, recv, send
 
 pytestmark = pytest.mark.django_db
 
 ITEMS = reverse("admin:taskhoster_item_changelist")
 WORKERS = reverse("admin:taskhoster_workersocket_changelist")
-
-
-@pytest.fixture
-def staff(db: None) -> Client:
-    User.objects.create_user("op", password="pw", is_staff=True, is_superuser=True)
-    client = Client(enforce_csrf_checks=True)
-    client.login(username="op", password="pw")
-    return client
-
-
-def staff_with(*codenames: str) -> Client:
-    user = User.objects.create_user(f"s-{'-'.join(codenames)}"[:150], password="pw", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
-    client = Client(enforce_csrf_checks=True)
-    client.login(username=user.username, password="pw")
-    return client
 
 
 def csrf(client: Client, url: str) -> str:
