@@ -12,7 +12,15 @@ durable, the way the store could make them so:
   beanstalkd's with ``-f0``);
 - ``rename+dirfsync``: a file renamed into another directory, that directory flushed (a
   verdict's move, with its line);
-- ``append+rename+fdatasync+dirfsync``: a verdict as the store makes one durable.
+- ``append+rename+fdatasync+dirfsync``: a verdict as the store makes one durable;
+- ``group of N: fdatasync each``/``group of N: syncfs``: N new files in one directory made
+  durable the two ways a group's barrier can (each file's ``fdatasync`` then the directory's
+  ``fsync``, or one ``syncfs``), for N in ``--group-sizes``: where the store's ``FLUSH =
+  "auto"`` should switch from the one to the other (``FLUSH_FILES``).
+
+``--images`` repeats all of it on a journaled ext4 and an xfs filesystem, each made in a file
+of the same disk and mounted through a loop device (root, ``mkfs.ext4``/``mkfs.xfs``): what
+the store's flush costs on the filesystems production runs on, beside this machine's.
 
 It prints p50, p90 and p99 in microseconds, and, with ``--json``, writes them. Other
 benchmarks compare their per-item times with ``create+fdatasync+dirfsync`` p50 measured in
@@ -27,15 +35,17 @@ the same run (``measure`` returns the table).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import ctypes.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 LINE = b"x" * 199 + b"\n"
@@ -62,7 +72,9 @@ def percentiles(samples: list[float]) -> dict[str, float]:
     return {"p50": pick(0.5) * 1e6, "p90": pick(0.9) * 1e6, "p99": pick(0.99) * 1e6}
 
 
-def measure(directory: Path, rounds: int) -> dict[str, dict[str, float]]:
+def measure(
+    directory: Path, rounds: int, group_sizes: tuple[int, ...] = ()
+) -> dict[str, dict[str, float]]:
     """Each way's p50/p90/p99 in microseconds, in ``directory``."""
     a, b = directory / "a", directory / "b"
     a.mkdir(exist_ok=True)
@@ -116,12 +128,46 @@ def measure(directory: Path, rounds: int) -> dict[str, dict[str, float]]:
             os.close(fd)
         fsync_dir(a)
 
+    def group(size: int, way: str) -> Callable[[int], None]:
+        def step(n: int) -> None:
+            fds = []
+            try:
+                for k in range(size):
+                    fd = os.open(
+                        a / f"g{way}{size}-{n}-{k}.json",
+                        os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                        0o640,
+                    )
+                    fds.append(fd)
+                    os.write(fd, LINE)
+                if way == "syncfs":
+                    syncfs(fds[0])
+                else:
+                    for fd in fds:
+                        os.fdatasync(fd)
+                    fsync_dir(a)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+        return step
+
     try:
         timed("create+fdatasync+dirfsync", create_fdatasync)
         timed("create+syncfs", create_syncfs)
         timed("append+fdatasync", append_fdatasync)
         timed("rename+dirfsync", rename_dirfsync)
         timed("append+rename+fdatasync+dirfsync", verdict)
+        for size in group_sizes:
+            group_rounds = max(20, rounds // max(1, size // 4))
+            for way in ("fdatasync each", "syncfs"):
+                samples = []
+                step = group(size, way.split()[0])
+                for n in range(group_rounds):
+                    started = time.perf_counter()
+                    step(n)
+                    samples.append(time.perf_counter() - started)
+                results[f"group of {size}: {way}"] = percentiles(samples)
     finally:
         os.close(journal)
     return results
@@ -133,23 +179,73 @@ def main() -> None:
     parser.add_argument("--tmpdir", default=None, help="where the temp dir goes")
     parser.add_argument("--rounds", type=int, default=500)
     parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument(
+        "--group-sizes",
+        default="1,2,4,8,16,64",
+        help="comma-separated group sizes for the group flushes ('' for none)",
+    )
+    parser.add_argument(
+        "--images",
+        action="store_true",
+        help="also measure on a journaled ext4 and an xfs image through loop devices (root)",
+    )
     args = parser.parse_args()
+    sizes = tuple(int(x) for x in args.group_sizes.split(",") if x.strip())
     made = args.dir is None
     directory = Path(args.dir or tempfile.mkdtemp(prefix="taskhoster-flush-", dir=args.tmpdir))
     directory.mkdir(parents=True, exist_ok=True)
+    tables: dict[str, dict[str, dict[str, float]]] = {}
     try:
-        results = measure(directory, args.rounds)
+        tables[f"{directory} ({filesystem_of(directory)})"] = measure(directory, args.rounds, sizes)
+        if args.images:
+            for kind in ("ext4", "xfs"):
+                with loop_filesystem(directory, kind) as mounted:
+                    tables[f"{kind} image on a loop device"] = measure(mounted, args.rounds, sizes)
     finally:
         if made:
             shutil.rmtree(directory, ignore_errors=True)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"flush cost in {directory} ({args.rounds} rounds each; load average {load}), µs:")
-    print(f"  {'what':36} {'p50':>8} {'p90':>8} {'p99':>8}")
-    for name, values in results.items():
-        print(f"  {name:36} {values['p50']:8.0f} {values['p90']:8.0f} {values['p99']:8.0f}")
+    for where, results in tables.items():
+        print(f"flush cost in {where} ({args.rounds} rounds each; load average {load}), µs:")
+        print(f"  {'what':36} {'p50':>8} {'p90':>8} {'p99':>8}")
+        for name, values in results.items():
+            print(f"  {name:36} {values['p50']:8.0f} {values['p90']:8.0f} {values['p99']:8.0f}")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        Path(args.json).write_text(
+            json.dumps(tables if args.images else next(iter(tables.values())), indent=2)
+        )
     sys.stdout.flush()
+
+
+def filesystem_of(path: Path) -> str:
+    """The type of the filesystem ``path`` is on, from /proc/mounts (longest mount point)."""
+    best, kind = "", "?"
+    with contextlib.suppress(OSError), open("/proc/mounts") as mounts:
+        for line in mounts:
+            fields = line.split()
+            if len(fields) > 2 and str(path).startswith(fields[1]) and len(fields[1]) > len(best):
+                best, kind = fields[1], fields[2]
+    return kind
+
+
+@contextlib.contextmanager
+def loop_filesystem(beside: Path, kind: str, size_mb: int = 512) -> Iterator[Path]:
+    """A fresh ``kind`` filesystem in a file under ``beside``, mounted on a loop device; gone
+    afterwards."""
+    image = beside / f"{kind}.img"
+    mount = beside / f"{kind}-mnt"
+    mount.mkdir()
+    with open(image, "wb") as handle:
+        handle.truncate(size_mb << 20)
+    mkfs = ["mkfs.ext4", "-q", "-F"] if kind == "ext4" else ["mkfs.xfs", "-q", "-f"]
+    subprocess.run([*mkfs, str(image)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+        image.unlink(missing_ok=True)
+        mount.rmdir()
 
 
 if __name__ == "__main__":
