@@ -38,7 +38,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -918,6 +918,65 @@ def print_profile(report: dict[str, Any]) -> None:
 # -- the run -------------------------------------------------------------------------------
 
 
+class ThreadCPU:
+    """CPU time (user + system, from ``/proc``) spent by each thread of some processes and of
+    their child processes between ``start`` and ``stop``, summed by the thread's name (the
+    server names its threads: ``taskhoster-commit-proc``, ``th-committer``...; a process's
+    first thread is named after its program). What a per-item cost breakdown needs without
+    a sampler slowing what it measures."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids  # a label for each process, e.g. {"daphne": pid, "worker 1": pid}
+        self.before: dict[tuple[str, str], float] = {}
+        self.spent: dict[tuple[str, str], float] = {}
+
+    def _sample(self) -> dict[tuple[str, str], float]:
+        found: dict[tuple[str, str], float] = defaultdict(float)
+        tick = os.sysconf("SC_CLK_TCK")
+        for label, pid in self.pids.items():
+            for proc_pid, proc_label in [
+                (pid, label),
+                *((c, f"{label} child") for c in _children(pid)),
+            ]:
+                with contextlib.suppress(OSError):
+                    for tid in os.listdir(f"/proc/{proc_pid}/task"):
+                        with contextlib.suppress(OSError, ValueError, IndexError):
+                            text = Path(f"/proc/{proc_pid}/task/{tid}/stat").read_text()
+                            name = text[text.index("(") + 1 : text.rindex(")")]
+                            fields = text.rsplit(")", 1)[1].split()
+                            found[(proc_label, name)] += (int(fields[11]) + int(fields[12])) / tick
+        return found
+
+    def start(self) -> None:
+        self.before = self._sample()
+
+    def stop(self) -> None:
+        after = self._sample()
+        self.spent = {k: v - self.before.get(k, 0.0) for k, v in after.items()}
+
+    def table(self, units: int, unit: str = "item", client_seconds: float | None = None) -> str:
+        """Microseconds per ``unit`` by process and thread (threads under 1 µs left out)."""
+        rows = [(k, v / units * 1e6) for k, v in self.spent.items() if v / units * 1e6 >= 1]
+        if client_seconds is not None:
+            rows.append((("this client", "all threads"), client_seconds / units * 1e6))
+        rows.sort(key=lambda r: (r[0][0], -r[1]))
+        total = sum(v for _k, v in rows)
+        lines = [f"  CPU per {unit} (user + system), µs: {total:,.0f} in all"]
+        lines += [f"    {label:20} {name:24} {value:8.0f}" for (label, name), value in rows]
+        return "\n".join(lines)
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                found += [
+                    int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+                ]
+    return found
+
+
 def load_average() -> str:
     try:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -959,6 +1018,10 @@ def measure_once(
     if args.profile and server.proc:
         out = args.profile / f"{env.label}-{waiting}-{name}-{run}.txt"
         profiler = Profiler(server.proc.pid, out, args.seconds, args.profile_rate)
+    cpu = ThreadCPU({"daphne": server.proc.pid}) if args.cpu and server.proc else None
+    client_before = time.process_time()
+    if cpu:
+        cpu.start()
     try:
         outcome = run_load(
             server.url,
@@ -971,8 +1034,11 @@ def measure_once(
             warmup=args.warmup,
         )
     finally:
+        if cpu:
+            cpu.stop()
         if profiler:
             profiler.finish()
+    client_seconds = time.process_time() - client_before
     end_waiting = pending_count()
     ops = outcome.count // unit
     row = Row(
@@ -991,6 +1057,11 @@ def measure_once(
         errors=outcome.errors,
         note=outcome.note,
     )
+    if cpu and outcome.count:
+        # (The warm-up operations are in the clients' and the server's time too: a few
+        # against thousands.)
+        say(f"{env.label}, {waiting:,} waiting, {what}:")
+        say(cpu.table(outcome.count, unit_name.rstrip("s"), client_seconds))
     report = None
     if profiler:
         report = summarize_profile(
@@ -1111,6 +1182,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "of a profiled run are slowed by the sampler)",
     )
     parser.add_argument("--profile-rate", type=int, default=250, help="py-spy samples/s")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="print each measurement's CPU per unit by process and thread (daphne, its "
+        "committer process, this client), read from /proc: no sampler slows the run",
+    )
     parser.add_argument(
         "--explain",
         action=argparse.BooleanOptionalAction,

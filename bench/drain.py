@@ -5,7 +5,9 @@ default): ``--items`` items are posted in batches of 500 over HTTP and the disk 
 then ``--workers`` worker processes (``bench/work_socket.py --worker``: one socket each,
 capacity 16, answering every item with a result at once) start, and the clock runs from the
 moment the first one is subscribed until ``GET /api/queues/bench`` counts every item
-finished. The figure is items per second, as the peer benchmark's "backlog drain".
+finished. The figure is items per second, as the peer benchmark's "backlog drain". Beside it,
+the CPU each process and thread spent per item (user + system, from ``/proc``: daphne's event
+loop, its other threads, its committer process, the workers).
 
 ``--profile DIR`` records daphne and its committer process with py-spy during the drain,
 sampling in each process only the thread that holds the GIL (one process runs one thread of
@@ -42,6 +44,7 @@ from bench.core import (
     BenchError,
     Daphne,
     Profiler,
+    ThreadCPU,
     _interrupt,
     collapsed_stacks,
     destroy_environment,
@@ -158,6 +161,12 @@ def main(argv: list[str] | None = None) -> int:
             load_before = load_average()
             workers = [WorkerProcess(server.url, key) for _ in range(args.workers)]
             workers[0].wait_ready()
+            assert server.proc is not None
+            cpu = ThreadCPU(
+                {"daphne": server.proc.pid}
+                | {f"worker {n + 1}": w.proc.pid for n, w in enumerate(workers)}
+            )
+            cpu.start()
             started = time.monotonic()
             for worker in workers[1:]:
                 worker.wait_ready()
@@ -165,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 lambda: counts(client)["finished"] >= args.items, args.timeout, step=0.02
             )
             elapsed = time.monotonic() - started
+            cpu.stop()
             final = counts(client)
             if profiler is not None:
                 if profiler.proc.poll() is None:
@@ -183,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"  counts at the end: {final}; load average {load_before} -> {load_average()}")
         print(f"  per worker: {[s.get('item', 0) for s in shares]} items")
+        print(cpu.table(max(1, final["finished"])))
         if args.profile:
             summarize(
                 args.profile / "drain.txt", args.profile_rate, final["finished"], args.profile_top
