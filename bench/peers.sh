@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Taskhoster beside two peers of the shared peer benchmark, in one run. See bench/README.md.
+# Taskhoster (SQLite; PostgreSQL + Redis) beside three peers of the shared peer benchmark
+# (beanstalkd -f0, Huey on SQLite, RQ with Redis's AOF), in one run. See bench/README.md.
 #   usage: bench/peers.sh [ROUNDS]        (default ROUNDS=1)
 #   env:   BENCH_N, BENCH_W, BENCH_RATE, BENCH_DUR, BENCH_BATCH, BENCH_PHASE_TIMEOUT
 #            passed through to every peer (see ../shared/peers/common.py)
 #          BENCH_OUT        results folder (default /tmp/peers-results-taskhoster; emptied first)
-#          PEERS="taskhoster huey-sqlite"   a subset (names as in ALL below)
+#          PEERS="taskhoster huey-sqlite"   a subset (names as in ALL below: beanstalkd-binlog-f0,
+#            huey-sqlite, rq-simple-aof, taskhoster (SQLite), taskhoster-pg (PostgreSQL + Redis))
+#          TASKHOSTER_PG_URL, TASKHOSTER_REDIS_URL  for taskhoster-pg (defaults: the local ones)
 #          PEER_TIMEOUT     seconds per peer run before `timeout` stops it (default 1500)
 #          TASKHOSTER_ARGS  more options for bench/peer_taskhoster.py (e.g. "--no-fsync")
 #          PEERS_DIR        the shared benchmark (default ../shared/peers from the repository)
@@ -33,10 +36,14 @@ fi
 if [ ! -x "$TPY" ]; then (cd "$REPO" && source scripts/_venv.sh dev); fi
 
 # ---- peers: name | command (run from $PEERS_DIR) ------------------------------------------
+PG_URL="${TASKHOSTER_PG_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+REDIS_URL_FOR_PG="${TASKHOSTER_REDIS_URL:-redis://127.0.0.1:6379/0}"
 ALL=(
   "beanstalkd-binlog-f0|$PY beanstalk_bench.py binlog-f0"
   "huey-sqlite|$PY huey_bench.py sqlite"
+  "rq-simple-aof|$PY rq_bench.py simple aof"
   "taskhoster|$TPY $REPO/bench/peer_taskhoster.py --peers-dir $PEERS_DIR ${TASKHOSTER_ARGS:-}"
+  "taskhoster-pg|$TPY $REPO/bench/peer_taskhoster.py --peers-dir $PEERS_DIR --database-url $PG_URL --redis-url $REDIS_URL_FOR_PG ${TASKHOSTER_ARGS:-}"
 )
 SEL="${PEERS:-}"
 mkdir -p "$RES"

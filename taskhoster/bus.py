@@ -104,10 +104,13 @@ class _Doorbell:
         """Nothing to reach: the doorbell is this host's own sockets."""
 
     def publish(self, data: bytes) -> None:
+        own = f"th-{ORIGIN}"  # this process's (or, from a committer process, its server's)
         with self.lock:
             self._refresh()
             sock = _sending_socket()
             for name in list(self.names):
+                if name == own:
+                    continue  # it would only drop its own news: a wake-up for nothing
                 try:
                     sock.sendto(data, "\0" + _abstract_name(self.directory, name))
                 except (ConnectionRefusedError, FileNotFoundError):
