@@ -110,6 +110,11 @@ class ItemRow:
         positionally: a fifth of ``dataclasses.replace``'s cost, once per answer)."""
         return ItemRow(*_ROW_VALUES(self))
 
+    def __reduce__(self) -> tuple[type[ItemRow], tuple[Any, ...]]:
+        """Pickled (to and from a committer process) as its values, made again by
+        ``__init__``: a third less to write and read than a slotted dataclass's state."""
+        return ItemRow, (*_ROW_VALUES(self), self.dirty)
+
 
 # Every field of an ``ItemRow`` but ``dirty`` (its last), in the order ``__init__`` takes them.
 assert [f.name for f in fields(ItemRow)][-1] == "dirty"
