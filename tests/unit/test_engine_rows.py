@@ -82,3 +82,62 @@ def test_the_rules_read_every_queue_setting_declared_once() -> None:
 
     declared = ("id", "name", *(s.field for s in QUEUE_SETTINGS), "deleting")
     assert tuple(f.name for f in fields(QueueInfo)) == declared == QUEUE_COLUMNS
+
+
+@pytest.mark.parametrize("microsecond", [0, 123456])
+def test_a_time_written_by_the_engine_is_the_text_djangos_adapter_writes_and_reads_back(
+    microsecond: int,
+) -> None:
+    """The engine's short way with UTC times (SQLite's naive text without Django's adapter)
+    writes what the adapter writes, and reads every form a time comes back in as the same
+    aware UTC time."""
+    from django.db import connection
+
+    at = datetime(2026, 12, 3, 10, 21, 44, microsecond, tzinfo=UTC)
+    assert sql.adapt_time(at) == connection.ops.adapt_datetimefield_value(at)
+    assert sql.read_time(str(at.replace(tzinfo=None))) == at  # naive text (SQLite)
+    assert sql.read_time(at.isoformat()) == at  # text with its zone
+    assert sql.read_time(at.replace(tzinfo=None)) == at  # a naive datetime
+    assert sql.read_time(at) == at
+    back = sql.read_time(at.isoformat(" ").replace("+00:00", "-05:00"))
+    assert back == at + timedelta(hours=5), "an offset in the text is kept, not taken for UTC"
+    assert sql.read_time(None) is None
+
+
+def test_the_dialect_is_the_connections_and_is_found_again_when_databases_change() -> None:
+    from django.conf import settings
+    from django.core.signals import setting_changed
+    from django.db import connection
+
+    assert sql.dialect().vendor in (connection.vendor, "other")
+    assert sql._dialect is not None
+    # What the end of an override of DATABASES sends (Django warns against its start).
+    setting_changed.send(sender=None, setting="DATABASES", value=settings.DATABASES, enter=False)
+    assert sql._dialect is None
+    assert sql.dialect() is sql.DIALECTS.get(connection.vendor, sql.OTHER)
+
+
+def test_a_row_pickled_to_the_committer_process_and_back_keeps_every_field(
+    make_queue: Any,
+) -> None:
+    import pickle
+    from dataclasses import fields
+
+    make_queue("q")
+    (item_id,) = _posted("q", 1)
+    with transaction.atomic():
+        row = sql.select_rows([item_id], lock=True)[item_id]
+    row.queue_name = "q"
+    row.set(error="boom", origin={"from": ["a", 1]}, attempts=2)
+    back = pickle.loads(pickle.dumps(row, protocol=pickle.HIGHEST_PROTOCOL))
+    for f in fields(row):
+        assert getattr(back, f.name) == getattr(row, f.name), f.name
+    assert back.dirty is not row.dirty
+    snapshot = row.snapshot()
+    assert snapshot.dirty == set()
+    assert snapshot is not row
+    assert [getattr(snapshot, f.name) for f in fields(row)][:-1] == [
+        getattr(row, f.name) for f in fields(row)
+    ][:-1]
+    row.set(attempts=3)
+    assert snapshot.attempts == 2, "a snapshot does not follow later changes"
