@@ -54,15 +54,24 @@ def main(argv: list[str] | None = None) -> int:
     env = make_environment(args)
     try:
         migrate(env)
-        setup_django(env)
-        os.environ["TASKHOSTER_FSYNC"] = "1" if args.fsync else "0"
-        return measure(args)
+        setup_django(env)  # (with fsync off, for the setup: set for the measurement below)
+        from django.test.utils import override_settings
+
+        with override_settings(TASKHOSTER={**settings_now(), "FSYNC": args.fsync}):
+            return measure(args)
     finally:
         destroy_environment(env, keep=False)
 
 
+def settings_now() -> dict[str, Any]:
+    from django.conf import settings
+
+    return dict(settings.TASKHOSTER)
+
+
 def measure(args: argparse.Namespace) -> int:
     from taskhoster import engine
+    from taskhoster.conf import get_conf
     from taskhoster.engine.ops import Claim, NewItem, Result
     from taskhoster.engine.runner import run_group
     from taskhoster.engine.transitions import prepare_post
@@ -112,7 +121,7 @@ def measure(args: argparse.Namespace) -> int:
     lone = (time.perf_counter() - started) / 1000
 
     print(
-        f"committer cost in one process: fsync {'on' if args.fsync else 'off'}, "
+        f"committer cost in one process: fsync {'on' if get_conf().fsync else 'off'}, "
         f"load average {load_before} -> {load_average()}"
     )
     print(f"  post, groups of 500:           {post * 1e6:8.0f} µs per item")
