@@ -101,6 +101,8 @@ def test_a_time_written_by_the_engine_is_the_text_djangos_adapter_writes_and_rea
     assert sql.read_time(at) == at
     back = sql.read_time(at.isoformat(" ").replace("+00:00", "-05:00"))
     assert back == at + timedelta(hours=5), "an offset in the text is kept, not taken for UTC"
+    assert sql.read_time(at.isoformat().replace("+00:00", "Z")) == at
+    assert sql.read_time("2026-12-03") == datetime(2026, 12, 3, tzinfo=UTC)
     assert sql.read_time(None) is None
 
 
