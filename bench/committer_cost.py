@@ -55,18 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         migrate(env)
         setup_django(env)  # (with fsync off, for the setup: set for the measurement below)
+        from django.conf import settings
         from django.test.utils import override_settings
 
-        with override_settings(TASKHOSTER={**settings_now(), "FSYNC": args.fsync}):
+        with override_settings(TASKHOSTER={**settings.TASKHOSTER, "FSYNC": args.fsync}):
             return measure(args)
     finally:
         destroy_environment(env, keep=False)
-
-
-def settings_now() -> dict[str, Any]:
-    from django.conf import settings
-
-    return dict(settings.TASKHOSTER)
 
 
 def measure(args: argparse.Namespace) -> int:

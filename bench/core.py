@@ -47,6 +47,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from bench.flushcost import filesystem_of  # (also for the other scripts of bench/)
+
 REPO = Path(__file__).resolve().parent.parent
 QUEUE = "bench"
 PREFILL_BATCH = 1000
@@ -982,16 +984,6 @@ def load_average() -> str:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "?"
-
-
-def filesystem_of(path: Path) -> str:
-    best, kind = "", "?"
-    with contextlib.suppress(OSError), open("/proc/mounts") as mounts:
-        for line in mounts:
-            parts = line.split()
-            if len(parts) > 2 and str(path).startswith(parts[1]) and len(parts[1]) > len(best):
-                best, kind = parts[1], parts[2]
-    return kind
 
 
 def measure_once(

@@ -274,11 +274,9 @@ def _values_of(columns: Sequence[str]) -> Callable[[ItemRow], list[Any]]:
     def values(row: ItemRow) -> list[Any]:
         found: list[Any] = [getter(row)] if one else list(getter(row))
         for i in times:
-            if found[i] is not None:
-                found[i] = adapt_time(found[i])
+            found[i] = adapt_time(found[i])
         for i in jsons:
-            if found[i] is not None:
-                found[i] = json.dumps(found[i])
+            found[i] = adapt_json(found[i])
         return found
 
     return values
