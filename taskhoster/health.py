@@ -147,9 +147,25 @@ def state_root() -> dict[str, Any]:
 
 
 def committer_backlog() -> dict[str, Any]:
-    """What waits for this process's committer now: items, and the oldest one's wait."""
+    """This process's committer now: whether it is ready (a committer process that is still
+    starting is not: the process is not ready for work yet), the items waiting for it, and
+    the oldest one's wait."""
     items, oldest = engine.backlog()
-    return {"waitingItems": items, "oldestWaitSeconds": round(oldest, 3)}
+    return {
+        "ready": not engine.committer_starting(),
+        "waitingItems": items,
+        "oldestWaitSeconds": round(oldest, 3),
+    }
+
+
+def _with_committer(healthy: bool, body: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+    """The report with the committer as it is now: not ready while it starts."""
+    committer = committer_backlog()
+    body = {**body, "committer": committer}
+    if healthy and not committer["ready"]:
+        healthy = False
+        body["status"] = "unavailable"
+    return healthy, body
 
 
 def public(body: dict[str, Any]) -> dict[str, Any]:
@@ -160,11 +176,19 @@ def public(body: dict[str, Any]) -> dict[str, Any]:
     for part in ("database", "bus", "stateRoot"):
         if part in body:
             shown[part] = {"reachable": bool(body[part].get("reachable"))}
+    if "committer" in body:
+        shown["committer"] = {"ready": bool(body["committer"].get("ready"))}
     return shown
 
 
 def report() -> tuple[bool, dict[str, Any]]:
     """(healthy, the body of ``/healthz``)."""
+    return _with_committer(*_parts_report())
+
+
+def _parts_report() -> tuple[bool, dict[str, Any]]:
+    """(healthy, the body of ``/healthz``) but for the committer, which is added as it is
+    when the report is read: ``_with_committer``."""
     parts = {
         "database": database(),
         "bus": bus(),
@@ -177,7 +201,6 @@ def report() -> tuple[bool, dict[str, Any]]:
         "pid": os.getpid(),
         **parts,
         "channelLayer": channel_layer(),
-        "committer": committer_backlog(),
     }
     return healthy, body
 
@@ -205,7 +228,7 @@ class Monitor:
         latest = self.latest
         if latest is None or time.monotonic() - latest[0] > 3 * get_conf().health_interval:
             return None
-        return latest[1], {**latest[2], "committer": committer_backlog()}
+        return _with_committer(latest[1], latest[2])
 
     def _log_changes(self, body: dict[str, Any]) -> None:
         """Say in the log when a part stops answering (with its error, which /healthz tells
@@ -230,7 +253,7 @@ class Monitor:
         while True:
             started = time.monotonic()
             try:
-                healthy, body = report()
+                healthy, body = _parts_report()
                 body["checkedAt"] = round(time.time(), 3)
                 self._log_changes(body)
                 self.latest = (time.monotonic(), healthy, body)

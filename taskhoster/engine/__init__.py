@@ -7,6 +7,7 @@ files; a single call is a group of one.
 """
 
 from .admission import backlog, overloaded
+from .admission import starting as committer_starting
 from .clocks import SweepReport, sweep
 from .committer import execute, execute_async, hold_start, start_is_held
 from .committer import start as start_committer
@@ -138,6 +139,7 @@ __all__ = [
     "check_schedule",
     "claim",
     "clean_settings",
+    "committer_starting",
     "counts_by_queue",
     "delete_by_status",
     "delete_if_retained",

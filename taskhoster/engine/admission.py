@@ -34,6 +34,10 @@ class Committer(Protocol):
     def backlog(self) -> tuple[int, float]:
         """(items waiting, seconds the oldest of them has waited)."""
 
+    def starting(self) -> bool:
+        """Whether it is still starting: made, not yet able to take a group (a committer
+        process importing Django)."""
+
 
 _current: Committer | None = None
 
@@ -58,6 +62,13 @@ def backlog() -> tuple[int, float]:
         return 0, 0.0
     items, age = found.backlog()
     return int(items), float(age)
+
+
+def starting() -> bool:
+    """Whether this process's committer is still starting: ``/healthz`` says the process is
+    not ready yet."""
+    found = current()
+    return found is not None and found.starting()
 
 
 def overloaded() -> float | None:

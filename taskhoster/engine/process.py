@@ -45,6 +45,7 @@ from django.conf import settings
 
 from .. import bus, events, metrics
 from ..errors import StoreError, TaskhosterError
+from ..faults import fault, slow_seconds
 from ..osthread import name_os_thread
 from . import admission, runner
 from .ops import Op
@@ -113,6 +114,9 @@ class ChildCommitter:
         self.pending_items = 0
         self.next_id = 0
         self.proc: subprocess.Popen[bytes] | None = None
+        # When the running committer process said it was ready (None: none runs, or it is
+        # still starting: importing Django takes a second, more on a loaded machine).
+        self.ready_at: float | None = None
         self.pid = os.getpid()
         self.closing = False
         atexit.register(self.close)
@@ -148,11 +152,20 @@ class ChildCommitter:
 
     def backlog(self) -> tuple[int, float]:
         """(items handed to the committer process and not yet answered, seconds the oldest
-        of them has waited)."""
+        of them has waited since the process was ready to take them). Its start is no
+        overload: work handed in while it starts waits for it, and is not a backlog."""
         with self.cond:
             oldest = next(iter(self.pending.values())).submitted if self.pending else None
             items = self.pending_items
-        return items, (time.monotonic() - oldest) if oldest is not None else 0.0
+            ready_at = self.ready_at
+        if oldest is None or ready_at is None:
+            return items, 0.0
+        return items, time.monotonic() - max(oldest, ready_at)
+
+    def starting(self) -> bool:
+        """Started and not yet ready (not started at all: it starts at first use)."""
+        with self.cond:
+            return self.proc is not None and self.ready_at is None
 
     def start(self) -> None:
         """Start the committer process now, unless it runs already."""
@@ -176,6 +189,7 @@ class ChildCommitter:
             }
         )
         started: Future[subprocess.Popen[bytes]] = Future()
+        self.ready_at = None
         threading.Thread(
             target=self._spawn_and_read,
             args=(env, started),
@@ -231,6 +245,10 @@ class ChildCommitter:
                         runner.answer(outcomes)
                     elif kind == "news":
                         events.deliver(body)
+                    elif kind == "ready":
+                        with self.cond:
+                            if self.proc is proc:
+                                self.ready_at = time.monotonic()
         except (EOFError, OSError, pickle.UnpicklingError) as exc:
             if not self.closing:
                 log.error("the committer process stopped (%s)", exc or "its pipe closed")
@@ -239,6 +257,7 @@ class ChildCommitter:
         with self.cond:
             if self.proc is proc:
                 self.proc = None
+                self.ready_at = None
             lost, self.pending = self.pending, {}
             self.pending_items = 0
         with contextlib.suppress(OSError):
@@ -291,6 +310,9 @@ def run_child() -> None:
     events.forward = lambda news: send("news", list(news))
     committer = runner.Committer()
     admission.register(committer)  # this process's committer (``foreground_waiting``)
+    if fault("committer.slow_start"):  # tests: a start as slow as on a loaded machine
+        time.sleep(slow_seconds())
+    send("ready", os.getpid())  # the server's /healthz: ready from now on
     while True:
         try:
             batches = reader.frames()

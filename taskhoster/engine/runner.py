@@ -230,6 +230,10 @@ class Committer:
     def start(self) -> None:
         """Its thread starts at the first operation: nothing to do ahead."""
 
+    def starting(self) -> bool:
+        """A thread is ready as soon as it is made."""
+        return False
+
     def waiting(self) -> int:
         """Operations handed in and not yet taken into a group."""
         return len(self.queue)

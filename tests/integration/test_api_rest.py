@@ -987,6 +987,7 @@ def test_healthz_answers_200_without_a_key_and_names_nothing_else(client, state_
         "database": {"reachable": True},
         "bus": {"reachable": True},
         "stateRoot": {"reachable": True},
+        "committer": {"ready": True},
     }
     assert str(state_root) not in response.content.decode()
     bogus = client.get("/healthz", HTTP_AUTHORIZATION="Token th_made-up")
