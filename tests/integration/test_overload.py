@@ -307,6 +307,7 @@ def test_healthz_on_its_own_port_answers_while_the_event_loop_is_held(server_fac
         "database": {"reachable": True},
         "bus": {"reachable": True},
         "stateRoot": {"reachable": True},
+        "committer": {"ready": True},
     }
     assert httpx.head(f"{own}/healthz", timeout=10).content == b""
     assert httpx.get(f"{own}/metrics", timeout=10).status_code == 404
