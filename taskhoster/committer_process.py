@@ -21,11 +21,11 @@ def leave_out_serving_apps() -> None:
     """A committer process serves nothing and runs no command: it sets Django up without
     what only serving needs, which is about a third of its start (the server waits for it
     to be ready). Every model is loaded as in the server."""
-    apps = []
+    apps: list[str] = []
     for app in settings.INSTALLED_APPS:
-        app = _SERVING_ONLY.get(app, app)
-        if app is not None:
-            apps.append(app)
+        kept = _SERVING_ONLY.get(app, app)
+        if kept is not None:
+            apps.append(kept)
     settings.INSTALLED_APPS = apps
 
 
