@@ -334,10 +334,11 @@ def _group_alive(group: int) -> bool:
 def server_factory(transactional_db: None, state_root: Path) -> Iterator[Callable[..., Server]]:
     started: list[Server] = []
 
-    def start(**env: str) -> Server:
-        server = Server(state_root, **env).start()
+    def start(*, healthy: bool = True, **env: str) -> Server:
+        """A server, once ``/healthz`` answers 200 (any answer: ``healthy=False``)."""
+        server = Server(state_root, **env)
         started.append(server)
-        return server
+        return server.start(healthy=healthy)
 
     yield start
     for server in started:

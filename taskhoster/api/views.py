@@ -584,9 +584,10 @@ class HealthView(ApiView):
         public=True,
     )
     def get(self, request: Request) -> Response:
-        """200 when the database, the news bus and the state root all answer, else 503; the
-        body says whether each answered, and to a caller with a valid key (any scope) also
-        names each, with its errors (see ``taskhoster.health``)."""
+        """200 when the database, the news bus and the state root all answer and the
+        process's committer is ready (a committer process is starting: not yet), else 503;
+        the body says whether each answered, and to a caller with a valid key (any scope)
+        also names each, with its errors (see ``taskhoster.health``)."""
         healthy, body = health.report()
         secret = parse_authorization(request.META.get("HTTP_AUTHORIZATION"))
         if secret is None or authenticate(secret) is None:

@@ -57,6 +57,10 @@ CHILD_ENV = "TASKHOSTER_COMMITTER_CHILD"
 
 # How long a server process's exit waits for its committer process to finish and go.
 STOP_SECONDS = 5.0
+# The longest a committer process's start is taken for a start: past it, the server process
+# says it is ready without it (its /healthz names the parts that do not answer), and work
+# waiting for it counts as a backlog (admission control refuses new posts).
+START_SECONDS = 30.0
 
 
 def _frame(value: Any) -> bytes:
@@ -115,8 +119,15 @@ class ChildCommitter:
         self.next_id = 0
         self.proc: subprocess.Popen[bytes] | None = None
         # When the running committer process said it was ready (None: none runs, or it is
-        # still starting: importing Django takes a second, more on a loaded machine).
+        # still starting: importing Django takes a second, more on a loaded machine), and
+        # when it was started.
         self.ready_at: float | None = None
+        self.started_at = 0.0
+        # The server process is not ready (/healthz) until its first committer process is,
+        # when it started that one ahead of any work (``start``: ``taskhoster.asgi`` does).
+        # A committer started at first use, or again after one died, waits for no readiness:
+        # the process was ready before it, and its work waits for it.
+        self.gates_readiness = False
         self.pid = os.getpid()
         self.closing = False
         atexit.register(self.close)
@@ -157,21 +168,31 @@ class ChildCommitter:
         with self.cond:
             oldest = next(iter(self.pending.values())).submitted if self.pending else None
             items = self.pending_items
-            ready_at = self.ready_at
-        if oldest is None or ready_at is None:
+            # A start that takes longer than START_SECONDS is no longer a start: work
+            # waiting for it counts from then, and new posts are refused as they would be.
+            since = self.ready_at or self.started_at + START_SECONDS
+        if oldest is None:
             return items, 0.0
-        return items, time.monotonic() - max(oldest, ready_at)
+        return items, max(0.0, time.monotonic() - max(oldest, since))
 
     def starting(self) -> bool:
-        """Started and not yet ready (not started at all: it starts at first use)."""
+        """The first committer process this process started ahead of any work (``start``)
+        runs and has not said it is ready (for at most START_SECONDS)."""
         with self.cond:
-            return self.proc is not None and self.ready_at is None
+            return (
+                self.gates_readiness
+                and self.proc is not None
+                and self.ready_at is None
+                and time.monotonic() < self.started_at + START_SECONDS
+            )
 
     def start(self) -> None:
-        """Start the committer process now, unless it runs already."""
+        """Start the committer process now, unless it runs already: the process is ready
+        (``/healthz``) once it is."""
         with self.cond:
             if self.proc is None:
                 self._start()
+                self.gates_readiness = True
 
     def _start(self) -> None:
         """Start the committer process from the thread that will read its answers.
@@ -190,6 +211,7 @@ class ChildCommitter:
         )
         started: Future[subprocess.Popen[bytes]] = Future()
         self.ready_at = None
+        self.started_at = time.monotonic()
         threading.Thread(
             target=self._spawn_and_read,
             args=(env, started),
@@ -249,6 +271,7 @@ class ChildCommitter:
                         with self.cond:
                             if self.proc is proc:
                                 self.ready_at = time.monotonic()
+                                self.gates_readiness = False  # from now on, never again
         except (EOFError, OSError, pickle.UnpicklingError) as exc:
             if not self.closing:
                 log.error("the committer process stopped (%s)", exc or "its pipe closed")

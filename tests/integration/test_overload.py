@@ -120,58 +120,55 @@ def test_a_server_whose_committer_is_starting_is_not_ready_and_refuses_no_post_a
     server_factory, headers
 ):
     """A committer process takes a second or two to start (more on a loaded machine). Until
-    it says it is ready the process is not ready (``/healthz`` 503, ``committer.ready``
-    false), and the posts sent meanwhile wait for it: its start is no backlog, so none is
-    refused as ``overloaded`` however long it takes (the fault ``committer.slow_start`` holds
-    it well past ``ADMISSION_WAIT_SECONDS``)."""
+    the first one says it is ready the server process is not ready (``/healthz`` 503,
+    ``committer.ready`` false), and the posts sent meanwhile wait for it: its start is no
+    backlog, so none is refused as ``overloaded`` (the fault ``committer.slow_start`` holds it
+    well past ``ADMISSION_WAIT_SECONDS``). One started again after a crash waits for no
+    readiness: the process stays ready, and the post waits for the new committer."""
     engine.upsert_queue(name="q", body={})
     server = server_factory(
+        healthy=False,
         TASKHOSTER_FAULT="committer.slow_start",
         TASKHOSTER_FAULT_SLOW_SECONDS=STALL,
         TASKHOSTER_ADMISSION_WAIT_SECONDS="0.5",
     )
-    # server_factory waited for a 200 from /healthz: by then the committer was ready.
-    health = httpx.get(f"{server.url}/healthz", headers=headers)
-    assert health.status_code == 200
-    assert health.json()["committer"]["ready"] is True
-    assert httpx.get(f"{server.url}/healthz").json()["committer"] == {"ready": True}
-
-    # Its committer process ends (killed, as a crash would); the next post starts another.
-    pid = health.json()["pid"]
-    children = children_of(pid)
-    assert len(children) == 1, children
-    os.kill(children[0], 9)
-    wait_for(
-        lambda: children_of(pid) == [],
-        30,
-        "the killed committer process to be gone",
-    )
+    starting = httpx.get(f"{server.url}/healthz", headers=headers)
+    assert starting.status_code == 503, "the committer holds its ready frame for 5 s"
+    assert starting.json()["status"] == "unavailable"
+    assert starting.json()["committer"]["ready"] is False
+    assert httpx.get(f"{server.url}/healthz").json()["committer"] == {"ready": False}
     first = Background(
         lambda: httpx.post(
             f"{server.url}/api/queues/q/items", json={"payload": "a"}, headers=headers, timeout=60
         )
     )
-    starting = wait_for(
-        lambda: (
-            (answer := httpx.get(f"{server.url}/healthz", headers=headers)).status_code == 503
-            and answer
-        ),
-        30,
-        "/healthz to say the new committer is starting",
-    )
-    assert starting.json()["status"] == "unavailable"
-    assert starting.json()["committer"]["ready"] is False
-    assert httpx.get(f"{server.url}/healthz").json()["committer"] == {"ready": False}
     time.sleep(1.5)  # the first post has waited three times ADMISSION_WAIT_SECONDS
     second = httpx.post(
         f"{server.url}/api/queues/q/items", json={"payload": "b"}, headers=headers, timeout=60
     )
     assert second.status_code == 201, second.text
     assert first.join().status_code == 201
-    health = httpx.get(f"{server.url}/healthz", headers=headers)
-    assert health.status_code == 200
-    assert health.json()["committer"]["ready"] is True
-    assert Item.objects.count() == 2
+    ready = httpx.get(f"{server.url}/healthz", headers=headers)
+    assert ready.status_code == 200
+    assert ready.json()["committer"]["ready"] is True
+    assert httpx.get(f"{server.url}/healthz").json()["committer"] == {"ready": True}
+
+    # Its committer process ends (killed, as a crash would); the next post starts another,
+    # and waits for it, while the process stays ready.
+    pid = ready.json()["pid"]
+    children = children_of(pid)
+    assert len(children) == 1, children
+    os.kill(children[0], 9)
+    wait_for(lambda: children_of(pid) == [], 30, "the killed committer process to be gone")
+    third = Background(
+        lambda: httpx.post(
+            f"{server.url}/api/queues/q/items", json={"payload": "c"}, headers=headers, timeout=60
+        )
+    )
+    wait_for(lambda: children_of(pid) != [], 30, "a new committer process")
+    assert httpx.get(f"{server.url}/healthz").status_code == 200
+    assert third.join().status_code == 201
+    assert Item.objects.count() == 3
 
 
 def test_the_client_resends_a_refused_post_after_retry_after_and_it_lands_once(

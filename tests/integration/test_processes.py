@@ -232,8 +232,10 @@ def test_serve_many_serves_one_address_with_n_processes_that_share_the_work(
     victim = next(iter(daphnes))
     os.kill(victim, signal.SIGKILL)
     for _ in range(20):
-        # (a connection the victim accepted as it died may be reset: one retry)
-        assert health(url) or health(url), "the other process answers meanwhile"
+        # A connection the victim accepted as it died may be reset, and its successor
+        # answers 503 until its committer is ready: a new connection may reach either, so
+        # a few tries (each lands on the other process about every other time).
+        assert any(health(url) for _ in range(10)), "the other process answers meanwhile"
 
     def restarted() -> set[int] | None:
         now = supervised_pids(tmp_path / "var")
