@@ -931,8 +931,11 @@ class ThreadCPU:
         self.pids = pids  # a label for each process, e.g. {"daphne": pid, "worker 1": pid}
         self.before: dict[tuple[str, str], float] = {}
         self.spent: dict[tuple[str, str], float] = {}
+        self.system: dict[tuple[str, str], float] = {}  # the system part of ``spent``
 
     def _sample(self) -> dict[tuple[str, str], float]:
+        """User + system seconds by (process label, thread name); the system part under the
+        key (label, name + "\0sys")."""
         found: dict[tuple[str, str], float] = defaultdict(float)
         tick = os.sysconf("SC_CLK_TCK")
         for label, pid in self.pids.items():
@@ -947,6 +950,7 @@ class ThreadCPU:
                             name = text[text.index("(") + 1 : text.rindex(")")]
                             fields = text.rsplit(")", 1)[1].split()
                             found[(proc_label, name)] += (int(fields[11]) + int(fields[12])) / tick
+                            found[(proc_label, name + "\0sys")] += int(fields[12]) / tick
         return found
 
     def start(self) -> None:
@@ -954,17 +958,31 @@ class ThreadCPU:
 
     def stop(self) -> None:
         after = self._sample()
-        self.spent = {k: v - self.before.get(k, 0.0) for k, v in after.items()}
+        spent = {k: v - self.before.get(k, 0.0) for k, v in after.items()}
+        self.spent = {k: v for k, v in spent.items() if not k[1].endswith("\0sys")}
+        self.system = {(k[0], k[1][:-4]): v for k, v in spent.items() if k[1].endswith("\0sys")}
 
     def table(self, units: int, unit: str = "item", client_seconds: float | None = None) -> str:
-        """Microseconds per ``unit`` by process and thread (threads under 1 µs left out)."""
+        """Microseconds per ``unit`` by process and thread (threads under 1 µs left out), and
+        the system part of each."""
         rows = [(k, v / units * 1e6) for k, v in self.spent.items() if v / units * 1e6 >= 1]
         if client_seconds is not None:
             rows.append((("this client", "all threads"), client_seconds / units * 1e6))
         rows.sort(key=lambda r: (r[0][0], -r[1]))
         total = sum(v for _k, v in rows)
-        lines = [f"  CPU per {unit} (user + system), µs: {total:,.0f} in all"]
-        lines += [f"    {label:20} {name:24} {value:8.0f}" for (label, name), value in rows]
+        system = sum(self.system.get(k, 0.0) for k, _v in rows) / units * 1e6
+        lines = [
+            f"  CPU per {unit} (user + system), µs: {total:,.0f} in all ({system:,.0f} system)"
+        ]
+        lines += [
+            f"    {label:20} {name:24} {value:8.0f}"
+            + (
+                f"  ({self.system[(label, name)] / units * 1e6:,.0f} system)"
+                if (label, name) in self.system
+                else ""
+            )
+            for (label, name), value in rows
+        ]
         return "\n".join(lines)
 
 
