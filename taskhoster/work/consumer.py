@@ -87,6 +87,34 @@ class Held(NamedTuple):
     size: int = 0
 
 
+class HeldItems(dict[str, Held]):
+    """The items a socket holds, by id, with the sum of their frames' sizes kept as they
+    come and go (``size``): the dispatcher asks for it before every push, and summing it
+    each time would cost a socket of large capacity its whole map per item."""
+
+    size = 0
+
+    def __setitem__(self, key: str, value: Held) -> None:
+        old = super().get(key)
+        super().__setitem__(key, value)
+        self.size += value.size - (old.size if old is not None else 0)
+
+    def __delitem__(self, key: str) -> None:
+        self.size -= self[key].size
+        super().__delitem__(key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        if key in self:
+            value = super().pop(key)
+            self.size -= value.size
+            return value
+        return super().pop(key, *default)
+
+    def clear(self) -> None:
+        super().clear()
+        self.size = 0
+
+
 Answer = Awaitable[dict[str, Any] | None]
 
 
@@ -108,7 +136,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
     def _reset(self) -> None:
         self.queues: list[str] = []
         self.capacity = 0
-        self.held: dict[str, Held] = {}
+        self.held = HeldItems()
         self.reserved = 0
         self.last_served = 0.0
         self.closed = False
@@ -219,7 +247,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
         return self.ending
 
     async def _requeue_held(self) -> None:
-        held, self.held = self.held, {}
+        held, self.held = self.held, HeldItems()
         answers = await asyncio.gather(
             *(
                 engine.execute_async(
@@ -500,7 +528,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
         """The frames of the items this socket holds, in bytes: what it may not have read
         yet. The dispatcher pushes nothing more past ``MAX_SOCKET_HELD_BYTES``, so a worker
         that never reads costs the server that much, not capacity x the largest payload."""
-        return sum(h.size for h in self.held.values())
+        return self.held.size
 
     async def cancel(self, item_id: str, reason: str, *, lease: str | None = None) -> None:
         self.cancelled.append(item_id)

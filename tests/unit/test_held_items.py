@@ -1,0 +1,28 @@
+"""A socket's held items keep the sum of their frames' sizes as they come and go: the
+dispatcher's byte bound (``MAX_SOCKET_HELD_BYTES``) reads it before every push."""
+
+from __future__ import annotations
+
+import random
+
+from taskhoster.work.consumer import Held, HeldItems
+
+
+def test_held_items_size_is_the_sum_of_the_frames_held_through_every_change() -> None:
+    held = HeldItems()
+    rng = random.Random(26)
+    for step in range(2000):
+        key = f"i{rng.randrange(40)}"
+        action = rng.randrange(5)
+        if action == 0:
+            held[key] = Held("lease", "q", 1, rng.randrange(1, 5000))  # new or replaced
+        elif action == 1 and key in held:
+            del held[key]
+        elif action == 2:
+            held.pop(key, None)
+        elif action == 3 and step % 97 == 0:
+            held.clear()
+        else:
+            held[key] = Held("lease", "q", 1, rng.randrange(1, 5000))
+        assert held.size == sum(h.size for h in held.values()), step
+    assert held.pop("absent", "default") == "default"
