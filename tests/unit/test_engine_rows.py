@@ -143,3 +143,28 @@ def test_a_row_pickled_to_the_committer_process_and_back_keeps_every_field(
     ][:-1]
     row.set(attempts=3)
     assert snapshot.attempts == 2, "a snapshot does not follow later changes"
+
+
+def test_engine_statements_raise_djangos_errors_and_whatever_records_queries_sees_them(
+    make_queue: Any,
+) -> None:
+    """On SQLite the engine hands its statements to sqlite3 itself (``rows._QmarkCursor``,
+    sparing Django's per-statement conversion): a database error is still Django's (the
+    committer tells a lost key race, ``IntegrityError``, from a dropped connection by it),
+    and a test or ``DEBUG`` that records queries still sees every statement."""
+    from django.db import IntegrityError, connection
+    from django.test.utils import CaptureQueriesContext
+
+    make_queue("q")
+    ids = _posted("q", 2)
+    rows = sql.select_rows(ids, lock=False)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        sql.insert_rows([rows[ids[0]]])  # its id is taken
+    with CaptureQueriesContext(connection) as seen:
+        again = sql.select_rows(ids, lock=False)
+    assert set(again) == set(ids)
+    assert any(sql.ITEM in q["sql"] for q in seen.captured_queries), seen.captured_queries
+    # Statements that differ only in what they skip, bound as they should be.
+    at = datetime.now(UTC) + timedelta(seconds=1)
+    assert [r.id for r in sql.claim_candidates(rows[ids[0]].queue_id, at, 2)] == ids
+    assert [r.id for r in sql.claim_candidates(rows[ids[0]].queue_id, at, 2, ids[:1])] == ids[1:]
