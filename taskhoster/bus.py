@@ -5,7 +5,9 @@ Every process that changes items publishes; server processes with ``/work`` sock
 
 - With ``REDIS_URL``: Redis pub/sub on one channel, so server processes on any host hear it.
   (Plain pub/sub rather than a channel-layer group: a group membership silently expires after
-  a day, and publishing from a plain management command needs no event loop.)
+  a day, and publishing from a plain management command needs no event loop.) The channel is
+  the installation's (``news_channel``: named by the identity its database and state root
+  share), so installations that share one Redis never hear each other.
 - Without it (the embedded default): a doorbell. Each listening process binds a Linux
   abstract-namespace datagram socket and registers its name as an empty file in
   ``<root>/.doorbell/``; a publisher sends one datagram to each registered name. The registry
@@ -40,7 +42,7 @@ from .conf import get_conf
 
 log = logging.getLogger(__name__)
 ORIGIN = f"{os.getpid()}-{secrets.token_hex(4)}"
-REDIS_CHANNEL = "taskhoster:news"
+REDIS_CHANNEL = "taskhoster:news"  # then ":" and the installation's identity (news_channel)
 MAX_DATAGRAM = 65536
 MESSAGE_NEWS = 500  # news per message: a datagram stays well under MAX_DATAGRAM
 
@@ -137,7 +139,7 @@ class _RedisPublisher:
 
     def publish(self, data: bytes) -> None:
         try:
-            self.client.publish(REDIS_CHANNEL, data)
+            self.client.publish(news_channel(), data)
         except Exception as exc:  # a lost hint; the backstop re-check catches up
             log.warning("could not publish news to Redis: %s", exc)
 
@@ -153,6 +155,31 @@ def _resolved(root: Path) -> Path:
 
 def _doorbell_dir() -> Path:
     return _resolved(get_conf().root) / ".doorbell"
+
+
+_channels: dict[Path, str] = {}
+
+
+def news_channel() -> str:
+    """The Redis channel of this installation's news: ``taskhoster:news:<identity>``, the
+    identity its database and its state root share (``taskhoster.identity``, checked at
+    every server, committer and sweep start, before any news). Pub/sub ignores Redis's
+    database numbers, so two installations that share one Redis would otherwise wake each
+    other's sockets (a claim each, for nothing). Read from the state root once per process;
+    a state root without one yet (nothing has checked it) has ``taskhoster:news``."""
+    root = _resolved(get_conf().root)
+    channel = _channels.get(root)
+    if channel is None:
+        from .identity import FILE
+
+        try:
+            found = json.loads((root / FILE).read_text()).get("identity")
+        except (OSError, ValueError, AttributeError):
+            found = None
+        if not isinstance(found, str) or not found:
+            return REDIS_CHANNEL  # not kept: the identity is written at the first check
+        channel = _channels[root] = f"{REDIS_CHANNEL}:{found}"
+    return channel
 
 
 def _publisher() -> Any:
@@ -265,7 +292,7 @@ class Listener:
             try:
                 client = aioredis.Redis.from_url(url)
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
-                await pubsub.subscribe(REDIS_CHANNEL)
+                await pubsub.subscribe(news_channel())
                 async for message in pubsub.listen():
                     news = _decode(message.get("data") or b"")
                     if news:
