@@ -231,6 +231,10 @@ def server_env(root: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+class PortTaken(Exception):
+    """Another process bound the port ``free_port`` chose before daphne did."""
+
+
 class Server:
     """A daphne subprocess serving the project on a free port."""
 
@@ -243,8 +247,22 @@ class Server:
         self.log = root.parent / f"daphne-{self.port}.log"
 
     def start(self, *, healthy: bool = True) -> Server:
-        """Start it and wait until ``/healthz`` answers 200 (any answer: ``healthy=False``)."""
+        """Start it and wait until ``/healthz`` answers 200 (any answer: ``healthy=False``).
+
+        ``free_port`` lets its port go before daphne binds it, and another process (CI runs
+        two suites side by side) may take it in between, if rarely: then daphne says so and
+        exits, and it is started again on another port (a few times)."""
+        for _attempt in range(4):
+            try:
+                return self._start(healthy=healthy)
+            except PortTaken:
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+        return self._start(healthy=healthy)
+
+    def _start(self, *, healthy: bool) -> Server:
         with open(self.log, "ab") as log:
+            start = log.tell()
             self.proc = subprocess.Popen(
                 [
                     sys.executable,
@@ -272,6 +290,9 @@ class Server:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                said = self.log.read_bytes()[start:].decode(errors="replace")
+                if f"Couldn't listen on 127.0.0.1:{self.port}" in said:
+                    raise PortTaken(self.port)
                 raise RuntimeError(f"daphne exited: {self.log.read_text()[-2000:]}")
             try:
                 status = httpx.get(f"{self.url}/healthz", timeout=5).status_code
