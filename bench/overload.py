@@ -265,6 +265,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not os.access(args.wrk, os.X_OK):
+        print(f"overload.py: wrk not found at {args.wrk}: apt-get install wrk, or --wrk PATH")
+        return 2
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
