@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 ORIGIN = f"{os.getpid()}-{secrets.token_hex(4)}"
 REDIS_CHANNEL = "taskhoster:news"  # then ":" and the installation's identity (news_channel)
 MAX_DATAGRAM = 65536
+# How often a Redis listener on a state root without an identity yet looks for one.
+IDENTITY_RECHECK_SECONDS = 1.0
 MESSAGE_NEWS = 500  # news per message: a datagram stays well under MAX_DATAGRAM
 
 News = tuple[str, str, str]
@@ -163,10 +165,12 @@ _channels: dict[Path, str] = {}
 def news_channel() -> str:
     """The Redis channel of this installation's news: ``taskhoster:news:<identity>``, the
     identity its database and its state root share (``taskhoster.identity``, checked at
-    every server, committer and sweep start, before any news). Pub/sub ignores Redis's
-    database numbers, so two installations that share one Redis would otherwise wake each
-    other's sockets (a claim each, for nothing). Read from the state root once per process;
-    a state root without one yet (nothing has checked it) has ``taskhoster:news``."""
+    every server, committer and sweep start). Pub/sub ignores Redis's database numbers, so
+    two installations that share one Redis would otherwise wake each other's sockets (a
+    claim each, for nothing). Read from the state root once per process. A state root
+    without one yet (nothing has checked it: a first start whose database did not answer, an
+    embedding before its first queue) has ``taskhoster:news``: publishers look again at
+    every publish, and a listener every ``IDENTITY_RECHECK_SECONDS``, then moves."""
     root = _resolved(get_conf().root)
     channel = _channels.get(root)
     if channel is None:
@@ -289,19 +293,45 @@ class Listener:
         import redis.asyncio as aioredis
 
         while True:
+            client = aioredis.Redis.from_url(url)
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
-                client = aioredis.Redis.from_url(url)
-                pubsub = client.pubsub(ignore_subscribe_messages=True)
-                await pubsub.subscribe(news_channel())
-                async for message in pubsub.listen():
-                    news = _decode(message.get("data") or b"")
-                    if news:
-                        self.handler(news)
+                await self._hear_redis(pubsub)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("news from Redis interrupted (%s); reconnecting", exc)
-                await asyncio.sleep(1)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+                    await client.aclose()
+            await asyncio.sleep(1)
+
+    async def _hear_redis(self, pubsub: Any) -> None:
+        channel = news_channel()
+        await pubsub.subscribe(channel)
+        while channel == REDIS_CHANNEL:
+            # No identity yet: the state root's is written at its first check, which may
+            # come after this listener starts (an embedding's first socket; a database that
+            # did not answer at the server's start). Look again every second, and move to
+            # the installation's channel once it has one.
+            message = await pubsub.get_message(
+                ignore_subscribe_messages=True, timeout=IDENTITY_RECHECK_SECONDS
+            )
+            if message is not None:
+                self._heard_redis(message)
+            found = news_channel()
+            if found != channel:
+                await pubsub.subscribe(found)
+                await pubsub.unsubscribe(channel)
+                channel = found
+        async for message in pubsub.listen():
+            self._heard_redis(message)
+
+    def _heard_redis(self, message: dict[str, Any]) -> None:
+        news = _decode(message.get("data") or b"")
+        if news:
+            self.handler(news)
 
     def stop(self) -> None:
         if self.task is not None:

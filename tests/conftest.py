@@ -251,11 +251,13 @@ class Server:
 
         ``free_port`` lets its port go before daphne binds it, and another process (CI runs
         two suites side by side) may take it in between, if rarely: then daphne says so and
-        exits, and it is started again on another port (a few times)."""
+        exits, and it is started again on another port (a few times). Until daphne says it
+        listens, whatever answers on the port is not it, and is not asked."""
         for _attempt in range(4):
             try:
                 return self._start(healthy=healthy)
             except PortTaken:
+                self._wait_for_group()  # its committer process, if it got that far
                 self.port = free_port()
                 self.url = f"http://127.0.0.1:{self.port}"
         return self._start(healthy=healthy)
@@ -289,11 +291,16 @@ class Server:
             )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
+            with open(self.log, "rb") as written:
+                written.seek(start)
+                said = written.read().decode(errors="replace")
             if self.proc.poll() is not None:
-                said = self.log.read_bytes()[start:].decode(errors="replace")
                 if f"Couldn't listen on 127.0.0.1:{self.port}" in said:
                     raise PortTaken(self.port)
                 raise RuntimeError(f"daphne exited: {self.log.read_text()[-2000:]}")
+            if f"Listening on TCP address 127.0.0.1:{self.port}" not in said:
+                time.sleep(0.05)  # not bound yet: an answer on the port would be another's
+                continue
             try:
                 status = httpx.get(f"{self.url}/healthz", timeout=5).status_code
                 if status == 200 or not healthy:

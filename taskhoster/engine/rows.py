@@ -133,9 +133,10 @@ class _QmarkCursor:
     Django converts every statement's ``%s`` marks to SQLite's ``?`` with a regular
     expression each time it runs; this converts each distinct statement once (``_qmark``)
     and hands it to sqlite3 directly. The rest is Django's: the check that the transaction
-    is not broken, and database errors raised as Django's. Used only when no query is being
-    logged (``connection.queries_logged``: ``DEBUG``, or a test capturing queries), so
-    whatever records queries still sees every one."""
+    is not broken, and database errors raised as Django's. Used only when nothing watches
+    the statements: no query is being logged (``connection.queries_logged``: ``DEBUG``, or a
+    test capturing queries) and no ``connection.execute_wrapper`` is installed, so whatever
+    records or instruments queries still sees every one."""
 
     __slots__ = ("_db", "_django", "_raw")
 
@@ -163,7 +164,7 @@ class _QmarkCursor:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._django.close()
+        self._django.__exit__(*exc)  # closes it, as Django's does (errors on close ignored)
 
 
 @lru_cache(maxsize=256)
@@ -180,8 +181,8 @@ _SQLITE_EXECUTEMANY = sqlite3.Cursor.executemany
 
 def _cursor() -> Any:
     """A cursor on the engine's connection for its statements (``_QmarkCursor`` on SQLite
-    when no query is logged: some tens of microseconds less per drained item)."""
-    if dialect() is SQLITE and not connection.queries_logged:
+    when nothing watches them: some tens of microseconds less per drained item)."""
+    if dialect() is SQLITE and not connection.queries_logged and not connection.execute_wrappers:
         return _QmarkCursor(connection.cursor())
     return connection.cursor()
 

@@ -90,9 +90,14 @@ class Held(NamedTuple):
 class HeldItems(dict[str, Held]):
     """The items a socket holds, by id, with the sum of their frames' sizes kept as they
     come and go (``size``): the dispatcher asks for it before every push, and summing it
-    each time would cost a socket of large capacity its whole map per item."""
+    each time would cost a socket of large capacity its whole map per item. Every way of
+    changing the map keeps it (copies too)."""
 
     size = 0
+
+    def __init__(self, *args: Any, **kwargs: Held) -> None:
+        super().__init__()
+        self.update(*args, **kwargs)
 
     def __setitem__(self, key: str, value: Held) -> None:
         old = super().get(key)
@@ -109,6 +114,35 @@ class HeldItems(dict[str, Held]):
             self.size -= value.size
             return value
         return super().pop(key, *default)
+
+    def popitem(self) -> tuple[str, Held]:
+        key, value = super().popitem()
+        self.size -= value.size
+        return key, value
+
+    def setdefault(self, key: str, default: Held) -> Held:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, *args: Any, **kwargs: Held) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def __ior__(self, other: Any) -> HeldItems:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+    def copy(self) -> HeldItems:
+        return HeldItems(self)
+
+    __copy__ = copy
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> HeldItems:
+        return HeldItems(self)  # Held values are immutable
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (HeldItems, (dict(self),))
 
     def clear(self) -> None:
         super().clear()

@@ -10,14 +10,19 @@ is now named by the installation's identity (``bus.news_channel``).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import httpx
+import pytest
+import redis
 
+from taskhoster import bus, identity
 from tests.conftest import REPO, server_env
 
 from .wsclient import (
@@ -33,6 +38,19 @@ from .wsclient import (
 
 # The machine's Redis (CI's and the development machine's) when the suite runs without one.
 REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+
+
+def _redis_answers() -> bool:
+    try:
+        return bool(redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping())
+    except redis.RedisError:
+        return False
+
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not _redis_answers(), reason=f"no Redis answers at {REDIS_URL}"),
+]
 
 POST_ONE = textwrap.dedent(
     """
@@ -108,3 +126,44 @@ def test_two_installations_sharing_one_redis_do_not_hear_each_others_news(
         before, after = asyncio.run(run())
     # One claim, for A's own news. Hearing B's news too made one more (it found nothing).
     assert after - before == 1, f"{after - before:g} claims for one item of A's"
+
+
+def test_a_listener_started_before_its_installation_has_an_identity_moves_to_its_channel(
+    state_root: Path,
+) -> None:
+    """A server's listener may start before the state root has its identity (a first start
+    whose database did not answer; an embedding whose first socket comes before its first
+    queue). It listens on the shared channel until then, and on the installation's channel
+    once the identity is written, without a reconnect."""
+    state_root.mkdir(parents=True, exist_ok=True)
+    assert bus.news_channel() == bus.REDIS_CHANNEL  # no identity yet
+    heard: list[tuple[str, str, str]] = []
+    listener = bus.Listener(heard.extend)
+    publisher = redis.Redis.from_url(REDIS_URL)
+
+    def message(queue: str) -> bytes:  # from another process (a listener drops its own)
+        return json.dumps({"o": "another-process", "n": [["claimable", queue, ""]]}).encode()
+
+    async def until_heard(channel: str, queue: str) -> None:
+        deadline = time.monotonic() + 15
+        while ("claimable", queue, "") not in heard:
+            assert time.monotonic() < deadline, f"nothing heard on {channel}"
+            await asyncio.to_thread(publisher.publish, channel, message(queue))
+            await asyncio.sleep(0.1)
+
+    async def run() -> None:
+        task = asyncio.create_task(listener._listen_redis(REDIS_URL))
+        try:
+            await until_heard(bus.REDIS_CHANNEL, "before")
+            identity._write_file(state_root, "a1b2c3d4e5f6a7b8")
+            channel = bus.news_channel()
+            assert channel == f"{bus.REDIS_CHANNEL}:a1b2c3d4e5f6a7b8"
+            await until_heard(channel, "after")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    try:
+        asyncio.run(run())
+    finally:
+        publisher.close()

@@ -152,7 +152,7 @@ def test_engine_statements_raise_djangos_errors_and_whatever_records_queries_see
     sparing Django's per-statement conversion): a database error is still Django's (the
     committer tells a lost key race, ``IntegrityError``, from a dropped connection by it),
     and a test or ``DEBUG`` that records queries still sees every statement."""
-    from django.db import IntegrityError, connection
+    from django.db import DatabaseError, IntegrityError, connection
     from django.test.utils import CaptureQueriesContext
 
     make_queue("q")
@@ -168,3 +168,15 @@ def test_engine_statements_raise_djangos_errors_and_whatever_records_queries_see
     at = datetime.now(UTC) + timedelta(seconds=1)
     assert [r.id for r in sql.claim_candidates(rows[ids[0]].queue_id, at, 2)] == ids
     assert [r.id for r in sql.claim_candidates(rows[ids[0]].queue_id, at, 2, ids[:1])] == ids[1:]
+    # The fast cursor is the one used on SQLite when nothing watches (else Django's), and a
+    # statement's error through it is Django's too.
+    with sql._cursor() as cursor:
+        fast = isinstance(cursor, sql._QmarkCursor)
+    assert fast == (sql.dialect() is sql.SQLITE)
+    with (
+        connection.execute_wrapper(lambda execute, *args: execute(*args)),
+        sql._cursor() as cursor,
+    ):
+        assert not isinstance(cursor, sql._QmarkCursor)
+    with pytest.raises(DatabaseError), transaction.atomic(), sql._cursor() as cursor:
+        cursor.execute("SELECT id FROM taskhoster_no_such_table WHERE id = %s", [1])

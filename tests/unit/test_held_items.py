@@ -3,6 +3,8 @@ dispatcher's byte bound (``MAX_SOCKET_HELD_BYTES``) reads it before every push."
 
 from __future__ import annotations
 
+import copy
+import pickle
 import random
 
 from taskhoster.work.consumer import Held, HeldItems
@@ -13,7 +15,7 @@ def test_held_items_size_is_the_sum_of_the_frames_held_through_every_change() ->
     rng = random.Random(26)
     for step in range(2000):
         key = f"i{rng.randrange(40)}"
-        action = rng.randrange(5)
+        action = rng.randrange(9)
         if action == 0:
             held[key] = Held("lease", "q", 1, rng.randrange(1, 5000))  # new or replaced
         elif action == 1 and key in held:
@@ -22,7 +24,26 @@ def test_held_items_size_is_the_sum_of_the_frames_held_through_every_change() ->
             held.pop(key, None)
         elif action == 3 and step % 97 == 0:
             held.clear()
+        elif action == 4 and held and step % 5 == 0:
+            held.popitem()
+        elif action == 5:
+            held.setdefault(key, Held("lease", "q", 1, rng.randrange(1, 5000)))
+        elif action == 6:
+            held.update({key: Held("lease", "q", 1, rng.randrange(1, 5000))})
+        elif action == 7:
+            held |= {key: Held("lease", "q", 1, rng.randrange(1, 5000))}
         else:
             held[key] = Held("lease", "q", 1, rng.randrange(1, 5000))
         assert held.size == sum(h.size for h in held.values()), step
     assert held.pop("absent", "default") == "default"
+    for twin in (
+        held.copy(),
+        copy.copy(held),
+        copy.deepcopy(held),
+        pickle.loads(pickle.dumps(held)),
+        HeldItems(held),
+        HeldItems(**held),
+    ):
+        assert isinstance(twin, HeldItems)
+        assert twin == held
+        assert twin.size == held.size
