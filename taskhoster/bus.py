@@ -174,13 +174,13 @@ def news_channel() -> str:
     root = _resolved(get_conf().root)
     channel = _channels.get(root)
     if channel is None:
-        from .identity import FILE
+        from .identity import StateRootTaken, read_file
 
         try:
-            found = json.loads((root / FILE).read_text()).get("identity")
-        except (OSError, ValueError, AttributeError):
+            found = read_file(root)
+        except StateRootTaken:  # unreadable: the checks at start say so
             found = None
-        if not isinstance(found, str) or not found:
+        if found is None:
             return REDIS_CHANNEL  # not kept: the identity is written at the first check
         channel = _channels[root] = f"{REDIS_CHANNEL}:{found}"
     return channel

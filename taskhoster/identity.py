@@ -40,7 +40,8 @@ class StateRootTaken(ImproperlyConfigured):
     """The state root belongs to another index."""
 
 
-def _read_file(root: Path) -> str | None:
+def read_file(root: Path) -> str | None:
+    """The identity the state root holds (None: none yet); ``StateRootTaken`` if unreadable."""
     try:
         data = json.loads((root / FILE).read_text())
     except FileNotFoundError:
@@ -95,7 +96,7 @@ def check(*, adopt: bool = False) -> str:
     from .models import Installation
 
     root = get_conf().root.resolve()
-    on_disk = _read_file(root)
+    on_disk = read_file(root)
     with transaction.atomic():
         row = Installation.objects.select_for_update().first()
         in_db = row.identity if row is not None else None

@@ -10,8 +10,6 @@ LOCKED``), on SQLite the IMMEDIATE write transaction already serialises writers.
 from __future__ import annotations
 
 import json
-import re
-import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -128,65 +126,6 @@ DIALECTS = {d.vendor: d for d in (SQLITE, POSTGRESQL)}
 _dialect: Dialect | None = None
 
 
-class _QmarkCursor:
-    """Django's SQLite cursor for the engine's statements, minus its per-statement work:
-    Django converts every statement's ``%s`` marks to SQLite's ``?`` with a regular
-    expression each time it runs; this converts each distinct statement once (``_qmark``)
-    and hands it to sqlite3 directly. The rest is Django's: the check that the transaction
-    is not broken, and database errors raised as Django's. Used only when nothing watches
-    the statements: no query is being logged (``connection.queries_logged``: ``DEBUG``, or a
-    test capturing queries) and no ``connection.execute_wrapper`` is installed, so whatever
-    records or instruments queries still sees every one."""
-
-    __slots__ = ("_db", "_django", "_raw")
-
-    def __init__(self, django_cursor: Any) -> None:
-        self._django = django_cursor
-        self._db = django_cursor.db
-        self._raw = django_cursor.cursor  # the sqlite3 cursor under Django's wrappers
-
-    def execute(self, query: str, params: Sequence[Any] | None = None) -> Any:
-        if params is None:
-            return self._django.execute(query)
-        self._db.validate_no_broken_transaction()
-        with self._db.wrap_database_errors:
-            return _SQLITE_EXECUTE(self._raw, _qmark(query), params)
-
-    def executemany(self, query: str, param_list: Iterable[Sequence[Any]]) -> Any:
-        self._db.validate_no_broken_transaction()
-        with self._db.wrap_database_errors:
-            return _SQLITE_EXECUTEMANY(self._raw, _qmark(query), param_list)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._django, name)  # fetchall, rowcount...: Django's own
-
-    def __enter__(self) -> _QmarkCursor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._django.__exit__(*exc)  # closes it, as Django's does (errors on close ignored)
-
-
-@lru_cache(maxsize=256)
-def _qmark(query: str) -> str:
-    """A statement's ``%s`` marks as SQLite's ``?``, as Django's SQLite cursor converts
-    them (``%%`` is a literal ``%``)."""
-    return _FORMAT_QMARK.sub("?", query).replace("%%", "%")
-
-
-_FORMAT_QMARK = re.compile(r"(?<!%)%s")
-_SQLITE_EXECUTE = sqlite3.Cursor.execute
-_SQLITE_EXECUTEMANY = sqlite3.Cursor.executemany
-
-
-def _cursor() -> Any:
-    """A cursor on the engine's connection for its statements (``_QmarkCursor`` on SQLite
-    when nothing watches them: some tens of microseconds less per drained item)."""
-    if dialect() is SQLITE and not connection.queries_logged and not connection.execute_wrappers:
-        return _QmarkCursor(connection.cursor())
-    return connection.cursor()
-
-
 def dialect() -> Dialect:
     """The dialect of the database the engine's connection is on: every difference between
     the databases is one of its fields, and the SQL here reads it instead of asking which
@@ -216,7 +155,7 @@ def lock_queues_shared(queue_ids: Iterable[int]) -> None:
     """A group's hold on the directories of the queues it writes into (in id order)."""
     if not dialect().advisory_locks:
         return
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         for queue_id in sorted(queue_ids):
             cursor.execute(
                 "SELECT pg_advisory_xact_lock_shared(%s, %s)", [QUEUE_LOCK_CLASS, queue_id]
@@ -227,7 +166,7 @@ def lock_queue_exclusive(queue_id: int) -> None:
     """A queue's deletion waits for the groups writing into its directory."""
     if not dialect().advisory_locks:
         return
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [QUEUE_LOCK_CLASS, queue_id])
 
 
@@ -361,7 +300,7 @@ def select_rows(ids: Iterable[str], *, lock: bool) -> dict[str, ItemRow]:
     wanted = sorted(set(ids))
     found: dict[str, ItemRow] = {}
     suffix = f" ORDER BY id{dialect().lock}" if lock and dialect().lock else ""
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         for chunk in _chunks(wanted):
             cursor.execute(
                 f"SELECT {SELECT_COLUMNS} FROM {ITEM} WHERE id IN ({_placeholders(len(chunk))})"
@@ -378,7 +317,7 @@ def peek_threads(ids: Iterable[str]) -> dict[str, tuple[int, str | None]]:
     """Each existing item's queue id and thread id (unlocked: to know what to lock first)."""
     wanted = sorted(set(ids))
     out: dict[str, tuple[int, str | None]] = {}
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         for chunk in _chunks(wanted):
             cursor.execute(
                 f"SELECT id, queue_id, thread_id FROM {ITEM} "
@@ -450,7 +389,7 @@ def claim_candidates(
     queue_id: int, at: datetime, limit: int, skip: Sequence[str] = ()
 ) -> list[ItemRow]:
     query, params = claim_query(queue_id, at, limit, skip)
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(query, params)
         return [_row(values) for values in cursor.fetchall()]
 
@@ -466,14 +405,14 @@ CLAIM_LOCK_CLASS = 7332
 def lock_claims(queue_id: int) -> None:
     if not dialect().advisory_locks:
         return
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [CLAIM_LOCK_CLASS, queue_id])
 
 
 def count_processing(queue_id: int, cap: int) -> int:
     """How many of the queue's items are processing, counted from their rows (the leases
     themselves), up to ``cap``: a few index entries, never a tally a crash could leave off."""
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT COUNT(*) FROM (SELECT 1 FROM {ITEM} WHERE queue_id = %s AND status = %s "
             "LIMIT %s) AS p",
@@ -487,7 +426,7 @@ def claim_starts(
 ) -> list[tuple[datetime, int]]:
     """The claims that started in the queue after ``since`` (their times and counts);
     ``prune``: older ones are dropped on the way (a claim, under ``lock_claims``)."""
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         if prune:
             cursor.execute(
                 f"DELETE FROM {CLAIM_START} WHERE queue_id = %s AND at <= %s",
@@ -518,7 +457,7 @@ def control_state(
 
 def count_due_eligible(queue_id: int, at: datetime, cap: int) -> int:
     """The queue's claimable items due at ``at``, up to ``cap``."""
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT COUNT(*) FROM (SELECT 1 FROM {ITEM} WHERE eligible AND queue_id = %s "
             "AND scheduled_at <= %s LIMIT %s) AS e",
@@ -529,7 +468,7 @@ def count_due_eligible(queue_id: int, at: datetime, cap: int) -> int:
 
 def count_thread_waiting(queue_id: int, at: datetime, cap: int) -> int:
     """The queue's due pending thread members that are not eligible, up to ``cap``."""
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT COUNT(*) FROM (SELECT 1 FROM {ITEM} WHERE queue_id = %s "
             "AND thread_id IS NOT NULL AND status = %s AND NOT eligible AND scheduled_at <= %s "
@@ -540,7 +479,7 @@ def count_thread_waiting(queue_id: int, at: datetime, cap: int) -> int:
 
 
 def record_claim_start(queue_id: int, at: datetime, n: int) -> None:
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {CLAIM_START} (queue_id, at, n) VALUES (%s, %s, %s)",
             [queue_id, adapt_time(at), n],
@@ -550,7 +489,7 @@ def record_claim_start(queue_id: int, at: datetime, n: int) -> None:
 def existing_keys(queue_id: int, keys: Iterable[str]) -> dict[str, ItemRow]:
     wanted = sorted(set(keys))
     found: dict[str, ItemRow] = {}
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         for chunk in _chunks(wanted):
             cursor.execute(
                 f"SELECT {SELECT_COLUMNS} FROM {ITEM} "
@@ -582,7 +521,7 @@ def select_queues(*, names: Sequence[str] = (), ids: Sequence[int] = ()) -> list
         where.append(f"id IN ({_placeholders(len(ids))})")
         params.extend(ids)
     columns = ", ".join(f'"{c}"' for c in QUEUE_COLUMNS)
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(f"SELECT {columns} FROM {QUEUE} WHERE {' OR '.join(where)}", params)
         return [_queue(row) for row in cursor.fetchall()]
 
@@ -604,7 +543,7 @@ def earliest_claimable(queue_names: Sequence[str]) -> dict[str, tuple[datetime, 
     queue with nothing claimable is left out)."""
     found: dict[str, tuple[datetime, bool]] = {}
     levels = ", ".join(f"({level})" for level in PRIORITIES)
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         for chunk in _chunks(list(queue_names)):
             # ``eligible`` bare, as in the partial index's condition, so the planner uses it.
             cursor.execute(
@@ -631,7 +570,7 @@ def thread_line(queue_id: int, thread_id: str, limit: int) -> Line:
     ``scheduled_at``, then arrival; the real-engine model test holds the two to each
     other). Two probes of ``item_thread_order``, in one statement."""
     member = f"SELECT id, status FROM {ITEM} WHERE queue_id = %s AND thread_id = %s AND status = %s"
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT * FROM ({member} LIMIT %s) AS p UNION ALL "
             f"SELECT * FROM ({member} ORDER BY scheduled_at, seq LIMIT %s) AS w",
@@ -657,7 +596,7 @@ def first_pending_member(queue_id: int, thread_id: str) -> str | None:
     """A thread's head as the index orders the line (``rules.thread_head``: earliest
     ``scheduled_at``, then arrival, ``rules.line_order``; the real-engine model test holds
     the two to each other)."""
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT id FROM {ITEM} WHERE queue_id = %s AND thread_id = %s AND status = %s "
             "ORDER BY scheduled_at, seq LIMIT 1",
@@ -676,7 +615,7 @@ def insert_rows(rows: Sequence[ItemRow]) -> None:
     columns = ", ".join(f'"{c}"' for c in COLUMNS)
     json_mark = dialect().json_mark
     marks = ", ".join(json_mark if c in JSON_COLUMNS else "%s" for c in COLUMNS)
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.executemany(
             f"INSERT INTO {ITEM} ({columns}) VALUES ({marks})",
             list(map(_values_of(COLUMNS), rows)),
@@ -693,7 +632,7 @@ def update_rows(rows: Iterable[ItemRow]) -> None:
         if row.dirty:
             shapes[tuple(sorted(row.dirty))].append(row)
             row.dirty = set()
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         for columns, members in shapes.items():
             if dialect().update_from_values:
                 for chunk in _chunks(members):
@@ -735,7 +674,7 @@ def _column_type(column: str) -> str:
 
 
 def delete_rows(ids: Sequence[str]) -> None:
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         for chunk in _chunks(list(ids)):
             cursor.execute(
                 f"DELETE FROM {ITEM} WHERE id IN ({_placeholders(len(chunk))})", list(chunk)
@@ -745,7 +684,7 @@ def delete_rows(ids: Sequence[str]) -> None:
 def delete_rows_of_queue(queue_id: int, ids: Sequence[str]) -> list[Status]:
     """Delete the rows ``ids`` of one queue; the status of each row that went."""
     gone: list[Status] = []
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         for chunk in _chunks(list(ids)):
             cursor.execute(
                 f"DELETE FROM {ITEM} WHERE queue_id = %s "
@@ -783,7 +722,7 @@ def lock_threads(
     is made again; one that keeps being deleted is a ``Conflict``."""
     found: dict[tuple[int, str], ThreadState] = {}
     missing = sorted(keys)
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         for _round in range(5):
             to_create = [k for k in missing if k in create]
             if to_create:
@@ -809,7 +748,7 @@ def lock_threads(
 
 def claim_thread(queue_id: int, thread_id: str, queue_name: str) -> ThreadState | None:
     """A claimed candidate's thread row, unless another group holds it (``SKIP LOCKED``)."""
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT {THREAD_COLUMNS} FROM {THREAD} "
             f"WHERE queue_id = %s AND thread_id = %s{dialect().skip_locked}",
@@ -821,7 +760,7 @@ def claim_thread(queue_id: int, thread_id: str, queue_name: str) -> ThreadState 
 
 def thread_exists(queue_id: int, thread_id: str) -> bool:
     """Whether the thread's row exists (unlocked: a claim that could not lock it asks)."""
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT 1 FROM {THREAD} WHERE queue_id = %s AND thread_id = %s",
             [queue_id, thread_id],
@@ -837,7 +776,7 @@ def save_thread(thread: ThreadState) -> None:
         thread.processing_item,
         adapt_json(thread.heads),
     ]
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         if thread.pk is None:
             cursor.execute(
                 f"INSERT INTO {THREAD} (queue_id, thread_id, member_count, processing, "
@@ -858,7 +797,7 @@ def save_thread(thread: ThreadState) -> None:
 
 
 def delete_thread(pk: int) -> None:
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(f"DELETE FROM {THREAD} WHERE id = %s", [pk])
 
 
@@ -869,7 +808,7 @@ def set_eligible(ids: Sequence[str], eligible: bool, *, only_pending: bool = Fal
     params: list[Any] = [eligible, *ids]
     if only_pending:
         params.append(Status.PENDING.value)
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {ITEM} SET eligible = %s WHERE id IN ({_placeholders(len(ids))}){condition}",
             params,
@@ -885,7 +824,7 @@ def add_counts(deltas: dict[tuple[int, str], int], shard: int) -> None:
     changes = [(q, s, shard, n) for (q, s), n in sorted(deltas.items()) if n]
     if not changes:
         return
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.executemany(
             f"INSERT INTO {COUNT} (queue_id, status, shard, n) VALUES (%s, %s, %s, %s) "
             "ON CONFLICT (queue_id, status, shard) DO UPDATE SET n = "
@@ -915,7 +854,7 @@ class ScheduleState:
 def lock_schedule(schedule_id: int) -> ScheduleState | None:
     """A schedule's row, locked for the rest of the group on PostgreSQL (SQLite's write
     transaction holds every row already); None if it is gone."""
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(
             "SELECT id, queue_id, rev, paused, next_at, overlap, last_item "
             f"FROM {SCHEDULE} WHERE id = %s{dialect().lock}",
@@ -940,7 +879,7 @@ def advance_schedule(
 ) -> None:
     """Move a schedule on to ``next_at``; with ``slot``, that slot's item is ``last_item``."""
     state.next_at = next_at
-    with _cursor() as cursor:
+    with connection.cursor() as cursor:
         if slot is None:
             cursor.execute(
                 f"UPDATE {SCHEDULE} SET next_at = %s, updated_at = %s WHERE id = %s",

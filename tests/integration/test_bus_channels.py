@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -23,7 +21,6 @@ import pytest
 import redis
 
 from taskhoster import bus, identity
-from tests.conftest import REPO, server_env
 
 from .wsclient import (
     COMMITTER_PONG,
@@ -61,41 +58,26 @@ POST_ONE = textwrap.dedent(
 )
 
 
-def _post_from_another_process(env: dict[str, str], who: str) -> str:
-    """Post one item to queue ``q`` from a process of its own (its committer publishes the
-    news on the bus of the installation that ``env`` names); the item's id."""
-    done = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", POST_ONE % who],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return done.stdout.strip().splitlines()[-1]
-
-
 def test_two_installations_sharing_one_redis_do_not_hear_each_others_news(
-    server_factory, state_root: Path, tmp_path: Path, make_key
+    server_factory, manage, tmp_path: Path, make_key
 ) -> None:
     # Installation A: this test's database and state root. Its sockets learn of new work
     # from news alone here (the backstop re-check is a minute away).
     a_env = {"REDIS_URL": REDIS_URL, "TASKHOSTER_SOCKET_BACKSTOP_SECONDS": "60"}
     server = server_factory(**a_env)
     # Installation B: a database and a state root of its own, on the same Redis.
-    b_env = server_env(
-        tmp_path / "b-root",
-        DATABASE_URL=f"sqlite:///{tmp_path / 'b.sqlite3'}",
-        REDIS_URL=REDIS_URL,
-    )
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "-v", "0"],
-        cwd=REPO,
-        env=b_env,
-        check=True,
-        timeout=120,
-    )
+    b_env = {
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'b.sqlite3'}",
+        "TASKHOSTER_ROOT": str(tmp_path / "b-root"),
+        "REDIS_URL": REDIS_URL,
+    }
+    manage("migrate", "-v", "0", **b_env)
+
+    def post_from_another_process(env: dict[str, str], who: str) -> str:
+        """Post one item to queue ``q`` from a process of its own (its committer publishes
+        the news on the bus of the installation that ``env`` names); the item's id."""
+        return manage("shell", "-c", POST_ONE % who, **env).stdout.strip().splitlines()[-1]
+
     key = make_key()
     with httpx.Client(
         base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=30
@@ -110,12 +92,10 @@ def test_two_installations_sharing_one_redis_do_not_hear_each_others_news(
                 await assert_nothing_before(ws, COMMITTER_PONG)
                 before = await asyncio.to_thread(settled_metric, http, "claim_attempts")
                 # B's post: news for B's queue "q", on B's channel.
-                await asyncio.to_thread(_post_from_another_process, b_env, "b")
+                await asyncio.to_thread(post_from_another_process, b_env, "b")
                 # Then a post to A's own "q" from another process of A (news on A's
                 # channel, published after B's): its item is the socket's next frame.
-                item_id = await asyncio.to_thread(
-                    _post_from_another_process, server_env(state_root, **a_env), "a"
-                )
+                item_id = await asyncio.to_thread(post_from_another_process, a_env, "a")
                 frame = await assert_nothing_before(ws, item_of(item_id))
                 assert frame["payload"] == {"from": "a"}
                 after = await asyncio.to_thread(settled_metric, http, "claim_attempts")

@@ -148,10 +148,11 @@ def test_a_row_pickled_to_the_committer_process_and_back_keeps_every_field(
 def test_engine_statements_raise_djangos_errors_and_whatever_records_queries_sees_them(
     make_queue: Any,
 ) -> None:
-    """On SQLite the engine hands its statements to sqlite3 itself (``rows._QmarkCursor``,
-    sparing Django's per-statement conversion): a database error is still Django's (the
-    committer tells a lost key race, ``IntegrityError``, from a dropped connection by it),
-    and a test or ``DEBUG`` that records queries still sees every statement."""
+    """On SQLite the project's backend converts each distinct statement's ``%s`` marks once
+    (``taskhoster.db.sqlite``), under Django's own cursor: a database error is still
+    Django's (the committer tells a lost key race, ``IntegrityError``, from a dropped
+    connection by it), a test or ``DEBUG`` that records queries and an ``execute_wrapper``
+    still see every statement, and a statement run again is not converted again."""
     from django.db import DatabaseError, IntegrityError, connection
     from django.test.utils import CaptureQueriesContext
 
@@ -164,19 +165,26 @@ def test_engine_statements_raise_djangos_errors_and_whatever_records_queries_see
         again = sql.select_rows(ids, lock=False)
     assert set(again) == set(ids)
     assert any(sql.ITEM in q["sql"] for q in seen.captured_queries), seen.captured_queries
+    wrapped: list[str] = []
+
+    def watch(execute: Any, query: str, *args: Any) -> Any:
+        wrapped.append(query)
+        return execute(query, *args)
+
+    with connection.execute_wrapper(watch):
+        sql.select_rows(ids, lock=False)
+    assert any(sql.ITEM in q for q in wrapped), wrapped
     # Statements that differ only in what they skip, bound as they should be.
     at = datetime.now(UTC) + timedelta(seconds=1)
     assert [r.id for r in sql.claim_candidates(rows[ids[0]].queue_id, at, 2)] == ids
     assert [r.id for r in sql.claim_candidates(rows[ids[0]].queue_id, at, 2, ids[:1])] == ids[1:]
-    # The fast cursor is the one used on SQLite when nothing watches (else Django's), and a
-    # statement's error through it is Django's too.
-    with sql._cursor() as cursor:
-        fast = isinstance(cursor, sql._QmarkCursor)
-    assert fast == (sql.dialect() is sql.SQLITE)
-    with (
-        connection.execute_wrapper(lambda execute, *args: execute(*args)),
-        sql._cursor() as cursor,
-    ):
-        assert not isinstance(cursor, sql._QmarkCursor)
-    with pytest.raises(DatabaseError), transaction.atomic(), sql._cursor() as cursor:
+    with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT id FROM taskhoster_no_such_table WHERE id = %s", [1])
+    if sql.dialect() is sql.SQLITE:
+        from taskhoster.db.sqlite.base import CursorWrapper, _qmark
+
+        with connection.cursor() as cursor:
+            assert isinstance(cursor.cursor, CursorWrapper)  # under Django's wrappers
+        query = sql.claim_query(rows[ids[0]].queue_id, at, 2)[0]
+        assert _qmark(query) is _qmark(query)  # converted once, kept
+        assert "%s" not in _qmark(query)
