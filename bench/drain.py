@@ -92,6 +92,33 @@ def last_finished() -> float:
     return at.timestamp() if at is not None else time.time()
 
 
+GROUP_FIGURES = ("group_commits", "group_operations", "group_seconds")
+
+
+def group_figures(client: httpx.Client) -> dict[str, float]:
+    """The server's group-commit counters from ``/metrics`` (flushed once a second: read
+    them ``FLUSH_INTERVAL`` after the work)."""
+    found = dict.fromkeys(GROUP_FIGURES, 0.0)
+    for line in client.get("/metrics").text.splitlines():
+        for name in GROUP_FIGURES:
+            if line.startswith(f"taskhoster_{name}_total "):
+                found[name] = float(line.split()[1])
+    return found
+
+
+def group_line(before: dict[str, float], after: dict[str, float], elapsed: float) -> str:
+    """The drain's groups: how many, their mean size and time, and the committer's share of
+    the drain spent running them."""
+    commits, ops, seconds = (after[n] - before[n] for n in GROUP_FIGURES)
+    if commits <= 0:
+        return "  groups: none counted"
+    return (
+        f"  groups: {commits:,.0f}, {ops / commits:.1f} operations and "
+        f"{1000 * seconds / commits:.2f} ms each; running groups {100 * seconds / elapsed:.0f} % "
+        "of the drain"
+    )
+
+
 def summarize(path: Path, rate: int, items: int, top: int) -> None:
     """Inclusive microseconds per item of the busiest functions, per kind of thread."""
     per_kind: dict[str, Counter[str]] = defaultdict(Counter)
@@ -173,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                     subprocesses=True,
                 )
             load_before = load_average()
+            time.sleep(1.1)  # the posts' groups counted first (metrics.FLUSH_INTERVAL)
+            groups_before = group_figures(client)
             workers = [WorkerProcess(server.url, key) for _ in range(args.workers)]
             workers[0].wait_ready()
             assert server.proc is not None
@@ -190,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
             cpu.stop()
             elapsed = last_finished() - started
             final = counts(client)
+            time.sleep(1.1)
+            groups_after = group_figures(client)
             if profiler is not None:
                 if profiler.proc.poll() is None:
                     profiler.proc.send_signal(signal.SIGINT)
@@ -206,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{'' if done else ' (TIMED OUT)'}"
         )
         print(f"  counts at the end: {final}; load average {load_before} -> {load_average()}")
+        print(group_line(groups_before, groups_after, elapsed))
         print(f"  per worker: {[s.get('item', 0) for s in shares]} items")
         print(cpu.table(max(1, final["finished"])))
         if args.profile:

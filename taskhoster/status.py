@@ -27,18 +27,25 @@ class Status(StrEnum):
 
     @property
     def state(self) -> State:
-        if self in (Status.FINISHED, Status.FAILED):
-            return State.DONE
-        return State(self.value)
+        return _STATE_OF[self]
 
     @property
     def is_terminal(self) -> bool:
-        return self.state is State.DONE
+        return _STATE_OF[self] is State.DONE
 
     @classmethod
     def choices(cls) -> list[tuple[str, str]]:
         return [(member.value, member.value.capitalize()) for member in cls]
 
+
+# Where each status's file lives (looked up: the engine asks several times per item).
+_STATE_OF = {
+    Status.PENDING: State.PENDING,
+    Status.PROCESSING: State.PROCESSING,
+    Status.FINISHED: State.DONE,
+    Status.FAILED: State.DONE,
+}
+assert set(_STATE_OF) == set(Status)
 
 LIVE_STATUSES = (Status.PENDING, Status.PROCESSING)
 TERMINAL_STATUSES = (Status.FINISHED, Status.FAILED)

@@ -41,6 +41,8 @@ from .status import State
 
 QUEUE_NAME_PATTERN = re.compile(patterns.QUEUE)
 SUFFIX = ".json"
+# Each state's directory name, looked up (an enum's ``value`` is a slow property).
+_DIRECTORY = {state: state.value for state in State}
 TMP_SUFFIX = ".tmp"
 TRASH = ".trash"
 # A group that removes at least this many files lists them in one file under the trash
@@ -285,7 +287,7 @@ class StateStore:
             base = str(self.queue_dir(queue))
             if len(self._queue_paths) < 10_000:
                 self._queue_paths[queue] = base
-        return f"{base}/{state.value}/{item_id}{SUFFIX}"
+        return f"{base}/{_DIRECTORY[state]}/{item_id}{SUFFIX}"
 
     @property
     def trash_dir(self) -> Path:
@@ -693,8 +695,9 @@ class FileBatch:
         if target != path:
             self.store.sys.rename(path, target)
             self.undo.append(("rename", target, path))
-            self.directories.add(os.path.dirname(path))
-            self.directories.add(os.path.dirname(target))
+            # (``item_file``'s paths: the directory is all before the last "/".)
+            self.directories.add(path.rpartition("/")[0])
+            self.directories.add(target.rpartition("/")[0])
             if path in self.written:
                 # Written earlier in this group (a post its claim joined, a failure claimed
                 # again): its data is flushed under the name it has now.

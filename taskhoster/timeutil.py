@@ -11,10 +11,21 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
+# The last time ``to_wire`` wrote, and its text: an item's answer and its file's line carry
+# the group's own time (one object) in several fields.
+_last: tuple[datetime | None, str] = (None, "")
+
+
 def to_wire(value: datetime | None) -> str | None:
+    global _last
     if value is None:
         return None
-    return value.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    last = _last
+    if last[0] is value:
+        return last[1]
+    text = value.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    _last = (value, text)
+    return text
 
 
 def parse_wire(value: object) -> datetime:

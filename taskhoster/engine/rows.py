@@ -72,6 +72,13 @@ TIME_COLUMNS = frozenset(
     }
 )
 SELECT_COLUMNS = ", ".join(f'"{c}"' for c in COLUMNS)
+# The same on SQLite, each time column under a unary "+" (SQLite's no-op): a column that is
+# an expression has no declared type, so sqlite3 hands over its text as stored, without
+# the converter Django registers for "datetime" columns, and ``read_time`` parses it as
+# UTC in one step (the converter parsed it naive, and ``read_time`` then set its zone).
+SQLITE_SELECT_COLUMNS = ", ".join(
+    f'+"{c}" AS "{c}"' if c in TIME_COLUMNS else f'"{c}"' for c in COLUMNS
+)
 
 
 # -- values in and out -----------------------------------------------------------------------
@@ -151,6 +158,11 @@ def _forget_dialect(*, setting: str, **_kwargs: Any) -> None:
 QUEUE_LOCK_CLASS = 7331
 
 
+def select_columns() -> str:
+    """The item columns to select, as ``_row`` reads them, on this connection's database."""
+    return SQLITE_SELECT_COLUMNS if dialect().vendor == "sqlite" else SELECT_COLUMNS
+
+
 def lock_queues_shared(queue_ids: Iterable[int]) -> None:
     """A group's hold on the directories of the queues it writes into (in id order)."""
     if not dialect().advisory_locks:
@@ -173,25 +185,50 @@ def lock_queue_exclusive(queue_id: int) -> None:
 # -- values in and out -----------------------------------------------------------------------
 
 
+# The last time ``adapt_time`` made text of, and that text: a group writes its own time
+# (``Group.at``, one object) into most rows it changes, several columns each.
+_last_adapted: tuple[datetime | None, str] = (None, "")
+
+
 def adapt_time(value: datetime | None) -> Any:
     """A time as the database stores it: what Django's own adapter gives (on SQLite, naive
     UTC text; the engine's times are always UTC, which takes the short way: the ISO text
     without its "+00:00", the same text as ``str`` of the naive time)."""
+    global _last_adapted
     if value is None:
         return None
     if value.tzinfo is UTC and dialect().naive_times:
-        return value.isoformat(" ")[:-6]
+        last = _last_adapted
+        if last[0] is value:
+            return last[1]
+        text = value.isoformat(" ")[:-6]
+        _last_adapted = (value, text)
+        return text
     return connection.ops.adapt_datetimefield_value(value)
+
+
+# SQLite's time texts parsed lately: many rows share times (a batch's posts, a group's
+# writes). Emptied when it grows past ``_PARSED_MOST``; datetimes are immutable, so one
+# object may stand in many rows.
+_parsed: dict[str, datetime] = {}
+_PARSED_MOST = 4096
 
 
 def read_time(value: object) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, str):
+        found = _parsed.get(value)
+        if found is not None:
+            return found
         if len(value) in (19, 26) and value[10] == " ":
             # SQLite's naive UTC text ("YYYY-MM-DD HH:MM:SS[.ffffff]"): parsed as UTC at
             # once (a seventh of the cost of parsing it naive and then setting its zone).
-            return datetime.fromisoformat(value + "+00:00")
+            found = datetime.fromisoformat(value + "+00:00")
+            if len(_parsed) >= _PARSED_MOST:
+                _parsed.clear()
+            _parsed[value] = found
+            return found
         value = datetime.fromisoformat(value)
     assert isinstance(value, datetime)
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
@@ -303,7 +340,7 @@ def select_rows(ids: Iterable[str], *, lock: bool) -> dict[str, ItemRow]:
     with connection.cursor() as cursor:
         for chunk in _chunks(wanted):
             cursor.execute(
-                f"SELECT {SELECT_COLUMNS} FROM {ITEM} WHERE id IN ({_placeholders(len(chunk))})"
+                f"SELECT {select_columns()} FROM {ITEM} WHERE id IN ({_placeholders(len(chunk))})"
                 + suffix,
                 list(chunk),
             )
@@ -373,7 +410,7 @@ def _claim_text(found: Dialect, skipping: int) -> str:
         parts = [f"SELECT * FROM ({probe.format(level=level, skip='')})" for level in PRIORITIES]
         where = f"WHERE id NOT IN ({_placeholders(skipping)}) " if skipping else ""
         return (
-            f"SELECT {SELECT_COLUMNS} FROM ({' UNION ALL '.join(parts)}) {where}"
+            f"SELECT {SQLITE_SELECT_COLUMNS} FROM ({' UNION ALL '.join(parts)}) {where}"
             "ORDER BY priority DESC, scheduled_at, seq LIMIT %s"
         )
     levels = ", ".join(f"({level})" for level in PRIORITIES)
@@ -492,7 +529,7 @@ def existing_keys(queue_id: int, keys: Iterable[str]) -> dict[str, ItemRow]:
     with connection.cursor() as cursor:
         for chunk in _chunks(wanted):
             cursor.execute(
-                f"SELECT {SELECT_COLUMNS} FROM {ITEM} "
+                f"SELECT {select_columns()} FROM {ITEM} "
                 f"WHERE queue_id = %s AND key IN ({_placeholders(len(chunk))})",
                 [queue_id, *chunk],
             )
