@@ -9,7 +9,7 @@ files; a single call is a group of one.
 from .admission import backlog, overloaded
 from .admission import starting as committer_starting
 from .clocks import SweepReport, sweep
-from .committer import execute, execute_async, hold_start, start_is_held
+from .committer import execute, execute_async, hold_start, start_is_held, submit_async
 from .committer import start as start_committer
 from .flow import Held, held_by_queue, held_for, next_due
 from .flow import put_queue as upsert_queue
@@ -189,6 +189,7 @@ __all__ = [
     "start_committer",
     "start_is_held",
     "store_root",
+    "submit_async",
     "submit_result",
     "sweep",
     "thread_head",

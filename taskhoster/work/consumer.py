@@ -52,6 +52,7 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import Any, NamedTuple
 
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from .. import contract, engine
@@ -66,6 +67,9 @@ from ..timeutil import to_wire
 from .dispatcher import Dispatcher, get_dispatcher, run_sync
 
 log = logging.getLogger(__name__)
+
+# A socket handles at most this many frames in a row before the event loop runs others.
+FAIR_SHARE = 32
 
 # 1011 is the protocol's own code for a server error, but the ASGI server may only send 1000 or
 # 3000-4999; like 4401 and 4403 mirror HTTP statuses, 4500 mirrors 500.
@@ -202,7 +206,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
         reader = asyncio.ensure_future(self._read(receive, inbox))
         sender = asyncio.ensure_future(self._send_answers())
         try:
-            await super().__call__(scope, inbox.get, send)
+            await self._consume(scope, inbox, send)
         except Exception:
             log.exception("the /work consumer failed; closing its socket")
             await self._close(CLOSE_SERVER_ERROR)
@@ -210,6 +214,26 @@ class WorkConsumer(AsyncWebsocketConsumer):
             reader.cancel()
             await asyncio.shield(self._end())
             sender.cancel()
+
+    async def _consume(self, scope: Any, inbox: asyncio.Queue[dict[str, Any]], send: Any) -> None:
+        """What channels' ``AsyncConsumer.__call__`` does for a consumer on no channel layer,
+        in a plain loop: each message dispatched in order as it comes (channels waits for
+        each one with a new task and an ``asyncio.wait``, which cost the event loop as much
+        as the frame's own handling)."""
+        self.scope = scope
+        self.channel_layer = None  # it takes no channel-layer messages (above)
+        self.base_send = send
+        handled = 0
+        try:
+            while True:
+                await self.dispatch(await inbox.get())
+                handled += 1
+                if handled % FAIR_SHARE == 0:
+                    # ``inbox.get`` does not yield while frames wait: a socket with many
+                    # lets the others' frames in between.
+                    await asyncio.sleep(0)
+        except StopConsumer:
+            pass
 
     async def _read(self, receive: Any, inbox: asyncio.Queue[dict[str, Any]]) -> None:
         while True:
@@ -416,12 +440,8 @@ class WorkConsumer(AsyncWebsocketConsumer):
         assert self.principal is not None
         # The key's queue limits hold for every frame that names an item: a result for an
         # item of a queue it may not use is not found (checked by the group, with the row).
-        verdict = asyncio.ensure_future(
-            engine.execute_async(
-                engine.Result(
-                    item_id=item_id, result=message["result"], queues=self.principal.queues
-                )
-            )
+        verdict = engine.submit_async(
+            engine.Result(item_id=item_id, result=message["result"], queues=self.principal.queues)
         )
         if stale:
             # An earlier attempt's result: still submitted (rule 3), but the attempt this
@@ -468,10 +488,8 @@ class WorkConsumer(AsyncWebsocketConsumer):
         if holding is None or self._stale(message, holding):
             return _now({"type": "ack", "id": item_id, "accepted": False})
         del self.held[item_id]
-        verdict = asyncio.ensure_future(
-            engine.execute_async(
-                engine.Fail(item_id=item_id, lease=holding.lease, error=error, retry=retry)
-            )
+        verdict = engine.submit_async(
+            engine.Fail(item_id=item_id, lease=holding.lease, error=error, retry=retry)
         )
         self._slot_freed()
         return self._fail_ack(item_id, verdict)
@@ -486,10 +504,8 @@ class WorkConsumer(AsyncWebsocketConsumer):
         holding = self.held.get(item_id)
         if holding is None or self._stale(message, holding):
             return _now({"type": "ack", "id": item_id, "accepted": False})
-        extended = asyncio.ensure_future(
-            engine.execute_async(
-                engine.Extend(item_id=item_id, lease=holding.lease, seconds=seconds)
-            )
+        extended = engine.submit_async(
+            engine.Extend(item_id=item_id, lease=holding.lease, seconds=seconds)
         )
         return self._extend_ack(item_id, holding, extended)
 
@@ -513,10 +529,8 @@ class WorkConsumer(AsyncWebsocketConsumer):
         holding = self.held.get(item_id)
         if holding is None or self._stale(message, holding):
             return _now({"type": "ack", "id": item_id, "accepted": False})
-        reported = asyncio.ensure_future(
-            engine.execute_async(
-                engine.Progress(item_id=item_id, lease=holding.lease, progress=message["progress"])
-            )
+        reported = engine.submit_async(
+            engine.Progress(item_id=item_id, lease=holding.lease, progress=message["progress"])
         )
         return self._progress_ack(item_id, reported)
 
