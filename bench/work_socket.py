@@ -118,16 +118,17 @@ async def work(
         await ws.send(json.dumps({"type": "subscribe", "queues": [queue], "capacity": CAPACITY}))
         if ready is not None:
             ready()
-        stopping = asyncio.ensure_future(stop.wait()) if stop is not None else None
+
+        async def close_on_stop() -> None:
+            assert stop is not None
+            await stop.wait()
+            await ws.close()
+
+        # One task watches ``stop``; the frames are read in a plain loop (a task and an
+        # ``asyncio.wait`` per frame cost the worker as much as the frame itself).
+        stopping = asyncio.ensure_future(close_on_stop()) if stop is not None else None
         try:
-            while True:
-                receiving = asyncio.ensure_future(ws.recv())
-                waits = {receiving} | ({stopping} if stopping else set())
-                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                if receiving not in done:
-                    receiving.cancel()
-                    break
-                text = receiving.result()
+            async for text in ws:
                 arrived = time.perf_counter()
                 frame = json.loads(text)
                 kind = frame.get("type")
@@ -142,8 +143,11 @@ async def work(
                     seen["ack_refused"] += 1
                 elif kind == "error":
                     seen["error:" + str(frame.get("code"))] += 1
+            if stop is None or not stop.is_set():
+                seen["closed_by_server"] += 1
         except websockets.ConnectionClosed:
-            seen["closed_by_server"] += 1
+            if stop is None or not stop.is_set():
+                seen["closed_by_server"] += 1
         finally:
             if stopping is not None:
                 stopping.cancel()
