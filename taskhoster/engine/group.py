@@ -320,14 +320,16 @@ class Group:
             # (An item of a queue the caller's key may not use is not found: the same answer
             # as a missing one, so the key learns nothing of other queues' items.)
             raise ItemNotFound(f"item {op.item_id!r} does not exist")
-        return self._verdict(row, rules.result(row, value=op.result, at=self.at))
+        verdict = self._verdict(row, rules.result(row, value=op.result, at=self.at))
+        return verdict if op.with_row else Verdict(verdict.accepted, verdict.status)
 
     def fail(self, op: Fail) -> Verdict:
         row = self._found(op.item_id)
         decision = rules.fail(
             row, self._queue(row), lease=op.lease, error=op.error, retry=op.retry, at=self.at
         )
-        return self._verdict(row, decision)
+        verdict = self._verdict(row, decision)
+        return verdict if op.with_row else Verdict(verdict.accepted, verdict.status)
 
     def extend(self, op: Extend) -> tuple[bool, ItemRow]:
         row = self._found(op.item_id)

@@ -155,6 +155,9 @@ class Result(OneItemOp[Verdict]):
 
     result: Any
     queues: frozenset[str] | None = None
+    # False: the caller needs the verdict alone (a socket's ack), not the row with it, which
+    # a committer process would copy back for nothing.
+    with_row: bool = True
 
 
 @dataclass(eq=False)
@@ -164,6 +167,7 @@ class Fail(OneItemOp[Verdict]):
     lease: str | None
     error: str | None
     retry: bool = True
+    with_row: bool = True  # as ``Result.with_row``
 
 
 @dataclass(eq=False)

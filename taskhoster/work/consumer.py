@@ -441,7 +441,12 @@ class WorkConsumer(AsyncWebsocketConsumer):
         # The key's queue limits hold for every frame that names an item: a result for an
         # item of a queue it may not use is not found (checked by the group, with the row).
         verdict = engine.submit_async(
-            engine.Result(item_id=item_id, result=message["result"], queues=self.principal.queues)
+            engine.Result(
+                item_id=item_id,
+                result=message["result"],
+                queues=self.principal.queues,
+                with_row=False,  # the ack says the verdict alone
+            )
         )
         if stale:
             # An earlier attempt's result: still submitted (rule 3), but the attempt this
@@ -489,7 +494,9 @@ class WorkConsumer(AsyncWebsocketConsumer):
             return _now({"type": "ack", "id": item_id, "accepted": False})
         del self.held[item_id]
         verdict = engine.submit_async(
-            engine.Fail(item_id=item_id, lease=holding.lease, error=error, retry=retry)
+            engine.Fail(
+                item_id=item_id, lease=holding.lease, error=error, retry=retry, with_row=False
+            )
         )
         self._slot_freed()
         return self._fail_ack(item_id, verdict)
