@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -285,6 +286,24 @@ def check_depth(text: str, value: Any) -> None:
             raise InvalidInput(f"the JSON is nested more than {most} levels deep", code="too_deep")
         children = node.values() if isinstance(node, dict) else node
         stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+
+
+# A \uD800-\uDFFF escape: valid JSON syntax, but unpaired it is no Unicode text and cannot
+# be stored (UTF-8 files, database text).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def holds_lone_surrogate(text: str, value: Any) -> bool:
+    """Whether ``value``, read from the JSON ``text``, holds a lone surrogate (an escape
+    ``\\ud800``-``\\udfff`` without its pair): no text a file or a database can keep. Only a
+    text with such an escape is looked at further."""
+    if _SURROGATE_ESCAPE.search(text) is None:
+        return False
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def check_size(value: Any, name: str, *, most: int | None = None) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from typing import IO, Any
 
@@ -17,7 +16,7 @@ from rest_framework import exceptions, status
 from rest_framework.parsers import BaseParser
 
 from ..conf import get_conf
-from ..contract import check_depth
+from ..contract import check_depth, holds_lone_surrogate
 from ..errors import InvalidInput
 
 
@@ -51,11 +50,6 @@ def _where(text: str, position: int) -> str:
     line = text.count("\n", 0, position) + 1
     column = position - (text.rfind("\n", 0, position) + 1) + 1
     return f"line {line}, column {column}"
-
-
-# A \uD800-\uDFFF escape: valid JSON syntax, but unpaired it is no Unicode text and cannot
-# be stored (UTF-8 files, database text), so such a body is checked for encodability.
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class StrictJSONParser(BaseParser):
@@ -100,12 +94,9 @@ class StrictJSONParser(BaseParser):
             raise BadJSON("the body holds a number with too many digits") from None
         if isinstance(value, dict | list):
             check_depth(text, value)
-        if _SURROGATE_ESCAPE.search(text):
-            try:
-                json.dumps(value, ensure_ascii=False).encode("utf-8")
-            except UnicodeEncodeError:
-                raise BadJSON(
-                    "the body holds a lone surrogate escape (\\ud800-\\udfff without its "
-                    "pair), which is no Unicode text"
-                ) from None
+        if holds_lone_surrogate(text, value):
+            raise BadJSON(
+                "the body holds a lone surrogate escape (\\ud800-\\udfff without its "
+                "pair), which is no Unicode text"
+            )
         return value

@@ -394,6 +394,14 @@ class WorkConsumer(AsyncWebsocketConsumer):
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):
             raise InvalidInput("a frame is a JSON object with a 'type'", code="bad_frame")
         contract.check_depth(text_data, message)
+        if contract.holds_lone_surrogate(text_data, message):
+            # (Before the fields are checked: a result or progress holding one would fail
+            # its size check with an encoding error, a fail's error its whole group.)
+            raise InvalidInput(
+                "the frame holds a lone surrogate escape (\\ud800-\\udfff without its pair), "
+                "which is no Unicode text",
+                code="bad_json",
+            )
         kind = message["type"]
         if kind not in contract.FRAMES:
             raise InvalidInput(f"unknown frame type {kind!r}", code="unknown_type")

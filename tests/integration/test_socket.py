@@ -457,6 +457,40 @@ def test_bad_frames_get_error_frames_and_the_socket_stays_open(server, http, key
     }
 
 
+def test_a_frame_holding_a_lone_surrogate_gets_bad_json_and_changes_nothing(server, http, key):
+    """A ``\\ud800`` escape is valid JSON but no text a file or a database can keep: a result,
+    progress or fail holding one is refused with an error frame (not an internal error that
+    closes the socket), and the item stays held until a good result."""
+    make_queue(http)
+    item = post(http, "x")
+
+    async def run():
+        ws = await connect(server, key)
+        await subscribe(ws, ["q"], 1)
+        held = await recv(ws)
+        assert held["id"] == item
+        lease = held["lease"]
+        for frame in [
+            f'{{"type": "result", "id": "{item}", "result": "\\ud800"}}',
+            f'{{"type": "result", "id": "{item}", "result": {{"a": ["\\udfff"]}}}}',
+            f'{{"type": "progress", "id": "{item}", "progress": "\\ud800"}}',
+            f'{{"type": "fail", "id": "{item}", "lease": "{lease}", "error": "\\ud800"}}',
+        ]:
+            await ws.send(frame)
+            answer = await recv(ws)
+            assert answer["type"] == "error", (frame, answer)
+            assert answer["code"] == "bad_json", (frame, answer)
+            assert "lone surrogate" in answer["message"]
+        assert http.get(f"/api/items/{item}").json()["status"] == "processing"
+        # A pair is text: it is kept as such.
+        await send(ws, {"type": "result", "id": item, "result": "\U0001f600"})
+        assert await recv(ws) == {"type": "ack", "id": item, "accepted": True, "status": "finished"}
+        await ws.close()
+
+    asyncio.run(run())
+    assert http.get(f"/api/items/{item}").json()["result"] == "\U0001f600"
+
+
 def test_fail_and_extend_for_an_item_not_held_are_acked_false(server, http, key):
     make_queue(http)
     item = post(http, "x")
