@@ -235,6 +235,21 @@ class PortTaken(Exception):
     """Another process bound the port ``free_port`` chose before daphne did."""
 
 
+def daphne_listens(proc: subprocess.Popen[bytes], log: Path, start: int, port: int) -> bool:
+    """Whether the daphne ``proc``, logging to ``log`` from offset ``start``, says it listens
+    on ``port`` (until it does, whatever answers there is another process). ``PortTaken``
+    if it exited because another process had bound the port; ``RuntimeError`` if it exited
+    otherwise."""
+    with open(log, "rb") as written:
+        written.seek(start)
+        said = written.read().decode(errors="replace")
+    if proc.poll() is not None:
+        if f"Couldn't listen on 127.0.0.1:{port}" in said:
+            raise PortTaken(port)
+        raise RuntimeError(f"daphne exited: {log.read_text(errors='replace')[-2000:]}")
+    return f"Listening on TCP address 127.0.0.1:{port}" in said
+
+
 class Server:
     """A daphne subprocess serving the project on a free port."""
 
@@ -291,14 +306,7 @@ class Server:
             )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            with open(self.log, "rb") as written:
-                written.seek(start)
-                said = written.read().decode(errors="replace")
-            if self.proc.poll() is not None:
-                if f"Couldn't listen on 127.0.0.1:{self.port}" in said:
-                    raise PortTaken(self.port)
-                raise RuntimeError(f"daphne exited: {self.log.read_text()[-2000:]}")
-            if f"Listening on TCP address 127.0.0.1:{self.port}" not in said:
+            if not daphne_listens(self.proc, self.log, start, self.port):
                 time.sleep(0.05)  # not bound yet: an answer on the port would be another's
                 continue
             try:

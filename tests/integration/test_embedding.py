@@ -30,7 +30,7 @@ from django.conf import settings
 
 from taskhoster.client import AsyncProducer, Job, Worker
 
-from ..conftest import REPO, free_port
+from ..conftest import REPO, PortTaken, daphne_listens, free_port
 from . import wsclient
 
 pytestmark = pytest.mark.slow
@@ -189,20 +189,33 @@ def _stop(proc: subprocess.Popen[bytes]) -> int:
 
 
 def start_server(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """The page's daphne command on a free port, once ``healthz`` answers 200."""
+    """The page's daphne command on a free port, once ``healthz`` answers 200 (on another
+    port if another process took the chosen one first)."""
+    for attempt in range(5):
+        try:
+            return _start_server(env, log)
+        except PortTaken:
+            if attempt == 4:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_server(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     serve = doc_command(SERVE)
     serve = [*serve[:-1], "-b", "127.0.0.1", "-p", str(port), serve[-1]]
-    with open(log, "wb") as out:
+    with open(log, "ab") as out:
+        start = out.tell()
         daphne = subprocess.Popen(serve, cwd=HOST, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
-        if daphne.poll() is not None:
-            raise RuntimeError(f"daphne exited: {log.read_text()[-3000:]}")
         if time.monotonic() > deadline:
             _stop(daphne)
             raise RuntimeError("the host project did not start")
+        if not daphne_listens(daphne, log, start, port):
+            time.sleep(0.05)  # an answer on the port before daphne listens is another's
+            continue
         try:
             if httpx.get(f"{url}/tasks/healthz", timeout=5).status_code == 200:
                 return daphne, url
