@@ -240,10 +240,11 @@ def daphne_listens(proc: subprocess.Popen[bytes], log: Path, start: int, port: i
     on ``port`` (until it does, whatever answers there is another process). ``PortTaken``
     if it exited because another process had bound the port; ``RuntimeError`` if it exited
     otherwise."""
+    exited = proc.poll() is not None  # before the log is read: all it said is in it then
     with open(log, "rb") as written:
         written.seek(start)
         said = written.read().decode(errors="replace")
-    if proc.poll() is not None:
+    if exited:
         if f"Couldn't listen on 127.0.0.1:{port}" in said:
             raise PortTaken(port)
         raise RuntimeError(f"daphne exited: {log.read_text(errors='replace')[-2000:]}")

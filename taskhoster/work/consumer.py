@@ -500,12 +500,14 @@ class WorkConsumer(AsyncWebsocketConsumer):
         holding = self.held.get(item_id)
         if holding is None or self._stale(message, holding):
             return _now({"type": "ack", "id": item_id, "accepted": False})
-        del self.held[item_id]
         verdict = engine.submit_async(
             engine.Fail(
                 item_id=item_id, lease=holding.lease, error=error, retry=retry, with_row=False
             )
         )
+        # Handed on (a committer that cannot take it raises above, and the item stays held):
+        # its slot is free now, before the verdict's own news could come back on this loop.
+        del self.held[item_id]
         self._slot_freed()
         return self._fail_ack(item_id, verdict)
 
