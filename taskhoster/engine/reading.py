@@ -21,8 +21,23 @@ from ..store import FileMissing, Record
 from ..timeutil import to_wire
 from . import rows as sql
 from .common import store
-from .rules import ItemRow
+from .rules import ItemRow, stop_reason
 from .transitions import mark_fetched
+
+
+def stopped_holds(item_ids: Iterable[str]) -> dict[str, str]:
+    """Of items sockets hold, those their workers are to be told to stop, each with the
+    reason (``rules.stop_reason``), from their rows: what the news of their removal said,
+    for when that news was lost. One query per 500 items."""
+    wanted = list(item_ids)
+    states = sql.select_states(wanted)
+    found: dict[str, str] = {}
+    for item_id in wanted:
+        status, error = states.get(item_id, (None, None))
+        reason = stop_reason(status, error)
+        if reason is not None:
+            found[item_id] = reason
+    return found
 
 
 def get_row(item_id: str) -> ItemRow | None:

@@ -350,6 +350,24 @@ def select_rows(ids: Iterable[str], *, lock: bool) -> dict[str, ItemRow]:
     return found
 
 
+def select_states(ids: Iterable[str]) -> dict[str, tuple[Status, str | None]]:
+    """Each existing item's status and error, unlocked (a few columns, for many items); an
+    item of a queue being deleted is not found."""
+    wanted = sorted(set(ids))
+    out: dict[str, tuple[Status, str | None]] = {}
+    with connection.cursor() as cursor:
+        for chunk in _chunks(wanted):
+            cursor.execute(
+                f"SELECT i.id, i.status, i.error FROM {ITEM} AS i "
+                f"JOIN {QUEUE} AS q ON q.id = i.queue_id AND NOT q.deleting "
+                f"WHERE i.id IN ({_placeholders(len(chunk))})",
+                list(chunk),
+            )
+            for item_id, status, error in cursor.fetchall():
+                out[item_id] = (Status(status), error)
+    return out
+
+
 def peek_threads(ids: Iterable[str]) -> dict[str, tuple[int, str | None]]:
     """Each existing item's queue id and thread id (unlocked: to know what to lock first)."""
     wanted = sorted(set(ids))

@@ -485,6 +485,18 @@ def time_out(row: ItemRow, queue: QueueInfo, *, at: datetime) -> Move | Keep:
     return with_ended(move, row, Outcome.TIMEOUT, at=at)
 
 
+def stop_reason(status: Status | None, error: str | None) -> str | None:
+    """What a worker still holding an item is told (a ``cancel`` frame's reason) when the
+    item is, by its row, ``status`` with ``error`` (None: the row is gone): the reason its
+    removal's news said (rules 8 and 9, section 8.2), or None when no news tells a holder
+    to stop (it is still live, or it ended in a way its holder hears by its own ack)."""
+    if status is None:
+        return "deleted"
+    if status is Status.FAILED and error in (TIMEOUT, CANCELLED):
+        return error
+    return None
+
+
 def cancel(row: ItemRow, *, reason: str | None, at: datetime) -> Move | Refuse:
     """Section 8.2: a pending or processing item fails now with ``cancelled`` (no
     dead-letter copy, its thread advances); a worker holding it is told to stop. A

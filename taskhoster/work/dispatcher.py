@@ -14,7 +14,9 @@ of news was lost, a backstop runs every ``SOCKET_BACKSTOP_SECONDS``: ONE query f
 queues that have a socket with a free slot, which says which of them have a due item now
 (those are claimed for) and when the others' next delayed item is due (timers). Idle costs
 that query and nothing else: no claim is made for a queue with nothing to take, so a
-thousand idle queues cost one indexed lookup each per backstop, not a claim each.
+thousand idle queues cost one indexed lookup each per backstop, not a claim each. The
+backstop also looks at what the sockets hold (``_recheck_holds``): an item removed while its
+news was lost is cancelled on its socket there.
 
 Sockets are kept per queue (``serving``), so news for one queue looks at that queue's
 sockets only, however many queues and sockets the process serves.
@@ -139,6 +141,8 @@ class Dispatcher:
                 if socket.key_id == int(item_id):
                     self.loop.create_task(socket.revoked())
         elif kind == engine.QUEUE_DELETED:
+            if fault("dispatch.lose_stop_news"):
+                return  # as for "removed:" below
             # ``item_id`` carries the deleted queue's id: a queue of the same name made since
             # is another queue, whose items stay. (Every socket: one may hold items of a
             # queue it has since subscribed away from.)
@@ -154,6 +158,8 @@ class Dispatcher:
                 if socket.socket_id == item_id:
                     self.loop.create_task(socket.drain())
         elif kind.startswith("removed:"):
+            if fault("dispatch.lose_stop_news"):
+                return  # a test's stand-in for news a Redis reconnect dropped
             reason = kind.split(":", 1)[1]
             for worker in list(self.workers):
                 if item_id in worker.held:
@@ -353,13 +359,15 @@ class Dispatcher:
         """Look again, in one query, at every queue a socket has a free slot for: claim for
         those with a due item, arm a timer for the others' next delayed item. And, in one
         more, whether every open socket's key is still live (a revocation whose news was
-        lost closes its sockets here)."""
+        lost closes its sockets here). And whether the items they hold still are theirs to
+        work on (``_recheck_holds``)."""
         keys = {s.key_id for s in list(self.sockets) if s.key_id is not None}
         if keys:
             live = await run_sync(live_key_ids, keys)
             for socket in list(self.sockets):
                 if socket.key_id is not None and socket.key_id not in live:
                     self.loop.create_task(socket.revoked())
+        await self._recheck_holds()
         queues = sorted(
             q for q, serving in self.serving.items() if any(self._free(w) > 0 for w in serving)
         )
@@ -372,6 +380,30 @@ class Dispatcher:
                 self.wake(queue)
             else:
                 self._timer_for(queue, at)
+
+    async def _recheck_holds(self) -> None:
+        """Whether what the sockets hold is still theirs to work on: an item deleted, timed
+        out or cancelled while its news was lost (a Redis reconnect drops what was published
+        meanwhile) is cancelled on its socket here, as the news would have done, so its
+        worker stops and its slot is free. One query per 500 items held; none when the
+        sockets hold nothing."""
+        holds = [
+            (worker, item_id, holding)
+            for worker in list(self.workers)
+            for item_id, holding in list(worker.held.items())
+        ]
+        if not holds:
+            return
+        stopped = await run_sync(engine.stopped_holds, [item_id for _w, item_id, _h in holds])
+        for worker, item_id, holding in holds:
+            reason = stopped.get(item_id)
+            # Still held as it was when looked up (not answered, not cancelled by news since).
+            if reason is None or worker.held.get(item_id) is not holding:
+                continue
+            worker.held.pop(item_id, None)
+            log.info("%s was %s and its news lost: cancelled on its socket", item_id, reason)
+            self.loop.create_task(worker.cancel(item_id, reason))
+            self.wake_worker(worker)
 
     # -- gauges for /metrics -------------------------------------------------------------
 
