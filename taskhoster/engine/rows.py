@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
@@ -350,38 +350,29 @@ def select_rows(ids: Iterable[str], *, lock: bool) -> dict[str, ItemRow]:
     return found
 
 
+def _by_ids(head: str, ids: Iterable[str]) -> Iterator[tuple[Any, ...]]:
+    """The rows of ``head`` (a query ending in ``WHERE`` and its id column) for the
+    distinct ``ids``, 500 of them a statement. Read to the end: the cursor is open until."""
+    with connection.cursor() as cursor:
+        for chunk in _chunks(sorted(set(ids))):
+            cursor.execute(f"{head} IN ({_placeholders(len(chunk))})", list(chunk))
+            yield from cursor.fetchall()
+
+
 def select_states(ids: Iterable[str]) -> dict[str, tuple[Status, str | None]]:
     """Each existing item's status and error, unlocked (a few columns, for many items); an
     item of a queue being deleted is not found."""
-    wanted = sorted(set(ids))
-    out: dict[str, tuple[Status, str | None]] = {}
-    with connection.cursor() as cursor:
-        for chunk in _chunks(wanted):
-            cursor.execute(
-                f"SELECT i.id, i.status, i.error FROM {ITEM} AS i "
-                f"JOIN {QUEUE} AS q ON q.id = i.queue_id AND NOT q.deleting "
-                f"WHERE i.id IN ({_placeholders(len(chunk))})",
-                list(chunk),
-            )
-            for item_id, status, error in cursor.fetchall():
-                out[item_id] = (Status(status), error)
-    return out
+    head = (
+        f"SELECT i.id, i.status, i.error FROM {ITEM} AS i "
+        f"JOIN {QUEUE} AS q ON q.id = i.queue_id AND NOT q.deleting WHERE i.id"
+    )
+    return {item_id: (Status(status), error) for item_id, status, error in _by_ids(head, ids)}
 
 
 def peek_threads(ids: Iterable[str]) -> dict[str, tuple[int, str | None]]:
     """Each existing item's queue id and thread id (unlocked: to know what to lock first)."""
-    wanted = sorted(set(ids))
-    out: dict[str, tuple[int, str | None]] = {}
-    with connection.cursor() as cursor:
-        for chunk in _chunks(wanted):
-            cursor.execute(
-                f"SELECT id, queue_id, thread_id FROM {ITEM} "
-                f"WHERE id IN ({_placeholders(len(chunk))})",
-                list(chunk),
-            )
-            for item_id, queue_id, thread_id in cursor.fetchall():
-                out[item_id] = (queue_id, thread_id)
-    return out
+    head = f"SELECT id, queue_id, thread_id FROM {ITEM} WHERE id"
+    return {item_id: (queue_id, thread_id) for item_id, queue_id, thread_id in _by_ids(head, ids)}
 
 
 # Priorities run 0-9 (section 8.1): a claim probes the claim index once per level, so it

@@ -149,8 +149,7 @@ class Dispatcher:
             for worker in list(self.workers):
                 for held_id, holding in list(worker.held.items()):
                     if str(holding.queue_id) == item_id:
-                        worker.held.pop(held_id, None)
-                        self.loop.create_task(worker.cancel(held_id, "deleted"))
+                        self._stop_held(worker, held_id, "deleted")
                 self.wake_worker(worker)
         elif kind == registry.DRAIN:
             # ``item_id`` carries the socket's id (section 8.2): it takes nothing more.
@@ -163,9 +162,14 @@ class Dispatcher:
             reason = kind.split(":", 1)[1]
             for worker in list(self.workers):
                 if item_id in worker.held:
-                    worker.held.pop(item_id, None)
-                    self.loop.create_task(worker.cancel(item_id, reason))
+                    self._stop_held(worker, item_id, reason)
                     self.wake_worker(worker)
+
+    def _stop_held(self, worker: Worker, item_id: str, reason: str) -> None:
+        """Tell ``worker`` to stop on the item it holds (a ``cancel`` frame with ``reason``);
+        its slot is free at once (the caller wakes it)."""
+        worker.held.pop(item_id, None)
+        self.loop.create_task(worker.cancel(item_id, reason))
 
     # -- registration ----------------------------------------------------------------------
 
@@ -400,9 +404,8 @@ class Dispatcher:
             # Still held as it was when looked up (not answered, not cancelled by news since).
             if reason is None or worker.held.get(item_id) is not holding:
                 continue
-            worker.held.pop(item_id, None)
             log.info("%s was %s and its news lost: cancelled on its socket", item_id, reason)
-            self.loop.create_task(worker.cancel(item_id, reason))
+            self._stop_held(worker, item_id, reason)
             self.wake_worker(worker)
 
     # -- gauges for /metrics -------------------------------------------------------------
