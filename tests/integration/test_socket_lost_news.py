@@ -82,3 +82,21 @@ def test_a_held_item_of_a_deleted_queue_is_cancelled_by_the_backstop(server, htt
         await ws.close()
 
     asyncio.run(run())
+
+
+def test_a_held_item_timed_out_by_a_separate_sweep_is_cancelled_by_the_backstop(
+    server, http, key, manage
+):
+    make_queue(http, queueSeconds=0.5, leaseSeconds=60)
+    item = post(http, "x")
+
+    async def run():
+        ws = await connect(server, key)
+        await subscribe(ws, ["q"], 1)
+        assert (await recv(ws))["id"] == item
+        await asyncio.sleep(0.7)
+        manage("sweep")
+        assert await recv(ws, 10 * BACKSTOP) == {"type": "cancel", "id": item, "reason": "timeout"}
+        await ws.close()
+
+    asyncio.run(run())
