@@ -3,7 +3,9 @@
 A benchmark, not a test. Against one real daphne (fresh database and state root, fsync on by
 default): ``--items`` items are posted in batches of 500 over HTTP and the disk is synced;
 then ``--workers`` worker processes (``bench/work_socket.py --worker``: one socket each,
-capacity 16, answering every item with a result at once) start, and the clock runs from the
+capacity 16, answering every item with a result at once; they subscribe with ``batch`` 16, so
+items may come several to a frame and their results go back several to a frame, unless
+``BENCH_SOCKET_BATCH=1``, which is one frame per item each way) start, and the clock runs from the
 moment the first one is subscribed to the last item's ``finished_at``, once
 ``GET /api/queues/bench`` (asked every 0.1 s, so that the bench costs the server little)
 counts every item finished. The figure is items per second, as the peer benchmark's
@@ -56,7 +58,7 @@ from bench.core import (
     say,
     setup_django,
 )
-from bench.work_socket import WorkerProcess, wait_for
+from bench.work_socket import FRAME_BATCH, WorkerProcess, wait_for
 
 BATCH = 500
 
@@ -230,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         rate = final["finished"] / elapsed
         print(
             f"\nBacklog drain: {env.label}, fsync {'on' if args.fsync else 'off'}, "
-            f"{args.items} items, {args.workers} socket workers of capacity 16"
+            f"{args.items} items, {args.workers} socket workers of capacity 16, "
+            f"{FRAME_BATCH} per frame (BENCH_SOCKET_BATCH)"
         )
         print(
             f"  {final['finished']} finished in {elapsed:.2f} s = {rate:,.0f} items/s"

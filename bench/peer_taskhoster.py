@@ -7,8 +7,10 @@ the embedded default configuration), and writes the peers' JSON into ``BENCH_OUT
 
 - enqueue = one ``POST /api/queues/bench/items`` over one keep-alive httpx connection, batch
   enqueue = ``{"items": [...]}``; purge = delete the queue's pending items;
-- W (``BENCH_W``) worker processes, one ``/work`` socket each (capacity 16), call
-  ``common.record(payload)`` for each item frame and answer it with a result at once;
+- W (``BENCH_W``) worker processes, one ``/work`` socket each (capacity 16, and the socket's
+  optional ``batch`` of 16 unless ``BENCH_SOCKET_BATCH=1``), call ``common.record(payload)``
+  for each item pushed and answer it with a result at once (the results of one ``items``
+  frame in one ``results`` frame);
 - "completed" = the queue has nothing pending or processing (``GET /api/queues/bench``).
 
 ::
@@ -70,7 +72,7 @@ from bench.core import (
     say,
     setup_django,
 )
-from bench.work_socket import WorkerProcess, work
+from bench.work_socket import FRAME_BATCH, WorkerProcess, work
 
 PEERS_DIR = REPO.parent / "shared" / "peers"
 PR_SET_PDEATHSIG = 1
@@ -353,7 +355,8 @@ def describe(args: argparse.Namespace) -> dict[str, str]:
     return {
         "version": text,
         "durability": f"one JSON file per item under a state root, {store}; {durable}; "
-        f"socket push = lease (60 s), result = ack (at-least-once)",
+        f"socket push = lease (60 s), result = ack (at-least-once); workers take up to "
+        f"{FRAME_BATCH} items per frame and send their results as many per frame",
         "server_argv": f"daphne --websocket_timeout -1 {ASGI_APP} (no sweep)",
     }
 

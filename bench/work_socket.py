@@ -81,6 +81,10 @@ from bench.core import (
 )
 
 CAPACITY = 16
+# Items per pushed frame the bench's workers ask for (the subscribe frame's optional
+# ``batch``), and so results per frame they send back (``results``): 1 is one frame per
+# item each way, as a worker that uses neither extension gets.
+FRAME_BATCH = int(os.environ.get("BENCH_SOCKET_BATCH", str(CAPACITY)))
 LATENCY_QUEUE = "bench-latency"  # its own queue: the throughput run starts from an empty one
 BATCH = 500
 WORKER_PROCESSES = 2
@@ -115,7 +119,10 @@ async def work(
         max_size=8 * 1024 * 1024,
         ping_interval=None,
     ) as ws:
-        await ws.send(json.dumps({"type": "subscribe", "queues": [queue], "capacity": CAPACITY}))
+        subscribe: dict[str, Any] = {"type": "subscribe", "queues": [queue], "capacity": CAPACITY}
+        if FRAME_BATCH > 1:
+            subscribe["batch"] = FRAME_BATCH
+        await ws.send(json.dumps(subscribe))
         if ready is not None:
             ready()
 
@@ -139,8 +146,25 @@ async def work(
                     await ws.send(
                         json.dumps({"type": "result", "id": frame["id"], "result": RESULT})
                     )
+                elif kind == "items":
+                    items = frame["items"]
+                    seen["item"] += len(items)
+                    if on_item is not None:
+                        for item in items:
+                            on_item(item, arrived)
+                    await ws.send(
+                        json.dumps(
+                            {
+                                "type": "results",
+                                "results": [{"id": i["id"], "result": RESULT} for i in items],
+                            }
+                        )
+                    )
                 elif kind == "ack" and not frame.get("accepted"):
                     seen["ack_refused"] += 1
+                elif kind == "acks":
+                    seen["ack"] += len(frame["acks"])
+                    seen["ack_refused"] += sum(not a.get("accepted") for a in frame["acks"])
                 elif kind == "error":
                     seen["error:" + str(frame.get("code"))] += 1
             if stop is None or not stop.is_set():

@@ -203,9 +203,76 @@ DRAIN_FRAME = Body(
     description="An operator drained this socket (POST /api/workers/{id}/drain): nothing more "
     "is pushed to it; finish what it holds, answer it, then close.",
 )
+ITEMS_FRAME = Body(
+    "ItemsFrame",
+    (
+        _SENT_TYPE,
+        Field(
+            "items",
+            "list",
+            required=True,
+            min_length=1,
+            item=Field(
+                "item",
+                "object",
+                body=Body(
+                    "ItemEntry",
+                    tuple(f for f in ITEM_FRAME.fields if f.name != "type"),
+                    description="An item frame without its type.",
+                ),
+            ),
+        ),
+    ),
+    description="Several items pushed at once, to a socket that subscribed with a batch over "
+    "1: each as an item frame would carry it, at most batch of them, each under its own lease.",
+)
+ACK_ERROR = Body(
+    "AckError",
+    (
+        Field("code", "string", required=True, min_length=1, description="As an error frame's."),
+        Field("message", "string", required=True, description="For people."),
+    ),
+)
+ACKS_FRAME = Body(
+    "AcksFrame",
+    (
+        _SENT_TYPE,
+        Field(
+            "acks",
+            "list",
+            required=True,
+            min_length=1,
+            item=Field(
+                "ack",
+                "object",
+                body=Body(
+                    "AckEntry",
+                    (
+                        _always(contract.ITEM_ID),
+                        Field("accepted", "boolean", required=True),
+                        next(f for f in ACK_FRAME.fields if f.name == "status"),
+                        Field(
+                            "error",
+                            "object",
+                            body=ACK_ERROR,
+                            description="Where a lone result frame would have been answered "
+                            "with an error frame (item_not_found, say): that error, with "
+                            "accepted false.",
+                        ),
+                    ),
+                    at_most_one_of=(("status", "error"),),
+                    description="An ack frame without its type, or an error in its place.",
+                ),
+            ),
+        ),
+    ),
+    description="The answer to a results frame: one entry per result, in their order.",
+)
 SENT_FRAMES = {
     "item": ITEM_FRAME,
+    "items": ITEMS_FRAME,
     "ack": ACK_FRAME,
+    "acks": ACKS_FRAME,
     "cancel": CANCEL_FRAME,
     "drain": DRAIN_FRAME,
     "error": ERROR_FRAME,
@@ -215,6 +282,8 @@ SUMMARIES = {
     "subscribe": "Serve these queues, holding at most capacity items at once; sent again, it "
     "replaces the last.",
     "result": "Hand back an item's result (accepted unless the item is already terminal).",
+    "results": "Hand back several results at once (each as a result frame would); one acks "
+    "frame answers them, in order.",
     "fail": "Say the work failed: retried after a backoff, or (retry false) the item dies.",
     "extend": "Keep the lease alive: by seconds, at most the queue's leaseSeconds.",
     "progress": "Report progress on a held item (any JSON up to 4 KiB; the lease is not "
@@ -222,6 +291,8 @@ SUMMARIES = {
     "drain": "Take nothing more: finish what this socket holds, then close.",
     "item": "An item for this socket to work on, pushed while it holds fewer than capacity.",
     "ack": "The answer to a result, fail, extend or progress.",
+    "items": "Several items at once, for a socket that subscribed with a batch over 1.",
+    "acks": "The answer to a results frame: an ack per result, in order.",
     "cancel": "Stop work on an item: it was deleted, timed out, cancelled or finished by "
     "another attempt.",
     "error": "A frame the server could not take.",
@@ -229,6 +300,13 @@ SUMMARIES = {
 EXAMPLES: dict[str, dict[str, Any]] = {
     "subscribe": {"type": "subscribe", "queues": ["emails"], "capacity": 4, "name": "web-1:4242"},
     "result": {"type": "result", "id": "0641f3a0c2b1d4e5f6a7b8", "result": {"sent": True}},
+    "results": {
+        "type": "results",
+        "results": [
+            {"id": "0641f3a0c2b1d4e5f6a7b8", "result": {"sent": True}},
+            {"id": "0641f3a0c2b1d4e5f6a7b9", "result": {"sent": False}},
+        ],
+    },
     "fail": {"type": "fail", "id": "0641f3a0c2b1d4e5f6a7b8", "error": "smtp down", "retry": True},
     "extend": {"type": "extend", "id": "0641f3a0c2b1d4e5f6a7b8", "seconds": 30},
     "progress": {"type": "progress", "id": "0641f3a0c2b1d4e5f6a7b8", "progress": {"done": 40}},
@@ -251,7 +329,40 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "progress": None,
         "lease": "Jq3k1n0sYvB2h4W8xZ7c5A",
     },
+    "items": {
+        "type": "items",
+        "items": [
+            {
+                "id": "0641f3a0c2b1d4e5f6a7b8",
+                "queue": "emails",
+                "status": "processing",
+                "payload": {"to": "ada@example.com"},
+                "threadId": None,
+                "priority": 0,
+                "scheduledAt": "2026-01-31T12:00:00.000000Z",
+                "postedAt": "2026-01-31T12:00:00.000000Z",
+                "attempts": 1,
+                "leaseExpiresAt": "2026-01-31T12:01:00.000000Z",
+                "finishedAt": None,
+                "error": None,
+                "key": None,
+                "progress": None,
+                "lease": "Jq3k1n0sYvB2h4W8xZ7c5A",
+            }
+        ],
+    },
     "ack": {"type": "ack", "id": "0641f3a0c2b1d4e5f6a7b8", "accepted": True, "status": "finished"},
+    "acks": {
+        "type": "acks",
+        "acks": [
+            {"id": "0641f3a0c2b1d4e5f6a7b8", "accepted": True, "status": "finished"},
+            {
+                "id": "0641f3a0c2b1d4e5f6a7b9",
+                "accepted": False,
+                "error": {"code": "item_not_found", "message": "no such item"},
+            },
+        ],
+    },
     "cancel": {"type": "cancel", "id": "0641f3a0c2b1d4e5f6a7b8", "reason": "deleted"},
     "error": {"type": "error", "code": "unknown_type", "message": "unknown frame type 'hello'"},
 }
@@ -297,6 +408,14 @@ scope, and a key limited to some queues may subscribe to those only. A socket wi
 **Order.** Every result, fail and extend is answered by one `ack`, or an `error` in its place,
 in the order the frames came. `subscribe` is not acked; a refused one gets an `error`.
 
+**Several at once (optional).** A `results` frame carries several results; one `acks` frame
+answers it, an entry per result in order (an entry that a lone `result` would have had
+answered by an `error` frame says `accepted: false` with that `error`). A bad entry refuses
+the whole frame with one `error` and changes nothing. A socket that subscribes with
+`batch` over 1 may get `items` frames of up to that many items instead of `item` frames;
+without `batch`, every item comes alone, as ever. A frame of either kind is at most the
+frame limit below.
+
 **Closing.** However the socket closes, everything it still holds is re-queued at once;
 results and fails sent before the close still count. Close codes the server uses (also in the
 channel's `x-close-codes`):
@@ -340,6 +459,11 @@ def build_document(*, host: str = DEFAULT_HOST, protocol: str = "ws") -> dict[st
         }
         if kind in ("result", "fail", "extend", "progress"):
             operation["reply"] = {"channel": _ref("channels", "work"), "messages": answers}
+        if kind == "results":
+            operation["reply"] = {
+                "channel": _ref("channels", "work"),
+                "messages": [_ref("channels", "work", "messages", k) for k in ("acks", "error")],
+            }
         operations[("send" if kind in sent else "receive") + kind.capitalize()] = operation
     return {
         "asyncapi": ASYNCAPI_VERSION,

@@ -656,6 +656,15 @@ SUBSCRIBE_FRAME = Body(
             description="Hold at most this many items at once.",
         ),
         WORKER_NAME,
+        Field(
+            "batch",
+            "integer",
+            minimum=1,
+            maximum=limit("max_capacity"),
+            code="invalid_batch",
+            description="Optional (default 1): the server may push up to this many items in "
+            "one items frame. With 1, every item comes in an item frame of its own.",
+        ),
     ),
 )
 # Optional on the socket (SPEC section 6: the socket knows the lease it holds), but a worker
@@ -680,12 +689,32 @@ def frame(body: Body) -> Body:
 
 
 RESULT_FRAME = frame(RESULT)
+# Several results in one frame: each entry is a result frame without its type.
+RESULT_ENTRY = Body("ResultEntry", (ITEM_ID, RESULT_VALUE, FRAME_LEASE))
+RESULTS_FRAME = Body(
+    "ResultsFrame",
+    (
+        FRAME_TYPE,
+        Field(
+            "results",
+            "list",
+            required=True,
+            min_length=1,
+            max_length=limit("max_capacity"),
+            item=Field("result", "object", body=RESULT_ENTRY),
+            code="invalid_results",
+            description="Results, each as a result frame would carry it (id, result, lease "
+            "optional); answered by one acks frame, in the same order.",
+        ),
+    ),
+)
 FAIL_FRAME = frame(FAIL)
 EXTEND_FRAME = frame(EXTEND)
 PROGRESS_FRAME = frame(PROGRESS)
 FRAMES = {
     "subscribe": SUBSCRIBE_FRAME,
     "result": RESULT_FRAME,
+    "results": RESULTS_FRAME,
     "fail": FAIL_FRAME,
     "extend": EXTEND_FRAME,
     "progress": PROGRESS_FRAME,

@@ -9,7 +9,14 @@ files; a single call is a group of one.
 from .admission import backlog, overloaded
 from .admission import starting as committer_starting
 from .clocks import SweepReport, sweep
-from .committer import execute, execute_async, hold_start, start_is_held, submit_async
+from .committer import (
+    execute,
+    execute_async,
+    hold_start,
+    start_is_held,
+    submit_async,
+    submit_many_async,
+)
 from .committer import start as start_committer
 from .flow import Held, held_by_queue, held_for, next_due
 from .flow import put_queue as upsert_queue
@@ -192,6 +199,7 @@ __all__ = [
     "stopped_holds",
     "store_root",
     "submit_async",
+    "submit_many_async",
     "submit_result",
     "sweep",
     "thread_head",

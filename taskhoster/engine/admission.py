@@ -25,6 +25,9 @@ class Committer(Protocol):
     def submit(self, op: Op[Any]) -> None:
         """Hand ``op`` to the next group; its answer comes on its future or waiter."""
 
+    def submit_many(self, ops: list[Op[Any]]) -> None:
+        """Hand in several operations together (so they can share a group)."""
+
     def start(self) -> None:
         """Be ready now rather than at the first operation."""
 

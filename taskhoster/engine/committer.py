@@ -20,7 +20,7 @@ import random
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.db import connection
 
@@ -112,6 +112,21 @@ def submit_async(op: Op[T]) -> asyncio.Future[T]:
     op.waiter = waiter
     committer().submit(op)
     return waiter
+
+
+def submit_many_async(ops: list[Op[Any]]) -> list[asyncio.Future[Any]]:
+    """``submit_async`` for several operations at once: handed to the committer together
+    (one write to a committer process), so they join the same group; each has its own
+    answer. If they cannot be handed in, none is."""
+    loop = asyncio.get_running_loop()
+    waiters: list[asyncio.Future[Any]] = []
+    for op in ops:
+        waiter: asyncio.Future[Any] = loop.create_future()
+        op.loop = loop
+        op.waiter = waiter
+        waiters.append(waiter)
+    committer().submit_many(ops)
+    return waiters
 
 
 async def execute_async(op: Op[T]) -> T:

@@ -133,27 +133,35 @@ class ChildCommitter:
         atexit.register(self.close)
 
     def submit(self, op: Op[Any]) -> None:
+        self.submit_many([op])
+
+    def submit_many(self, ops: list[Op[Any]]) -> None:
+        """Hand ``ops`` to the committer process in one frame (one write)."""
         with self.cond:
             if self.proc is None:
                 self._start()
             proc = self.proc
             assert proc is not None
             assert proc.stdin is not None
-            op.wire_id = self.next_id
-            self.next_id += 1
-        # Made before the operation is registered: one that cannot be sent (it cannot be
+            for op in ops:
+                op.wire_id = self.next_id
+                self.next_id += 1
+        # Made before the operations are registered: one that cannot be sent (it cannot be
         # pickled) must not wait for an answer forever (its memory with it).
         try:
-            data = _frame([(op.wire_id, op)])
+            data = _frame([(op.wire_id, op) for op in ops])
         except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as exc:
             raise StoreError(f"the operation could not be handed to the committer: {exc}") from None
         with self.cond:
             if self.proc is not proc:  # it stopped meanwhile, and answered what it held
                 raise StoreError("the committer process stopped; try again")
-            op.submitted = time.monotonic()
-            self.pending[op.wire_id] = op
-            self.pending_items += op.size
-        # If it died, its reader answers what it held, this one included.
+            now = time.monotonic()
+            for op in ops:
+                assert op.wire_id is not None
+                op.submitted = now
+                self.pending[op.wire_id] = op
+                self.pending_items += op.size
+        # If it died, its reader answers what it held, these included.
         with self.write_lock, contextlib.suppress(OSError, ValueError):
             _write_all(proc.stdin.fileno(), data)
 
@@ -348,10 +356,12 @@ def run_child() -> None:
             with contextlib.suppress(Exception):
                 metrics.maybe_flush(force=True)
             return
+        ops = []
         for batch in batches:
             for wire_id, op in batch:
                 op.wire_id = wire_id
-                committer.submit(op)
+                ops.append(op)
+        committer.submit_many(ops)
 
 
 def _picklable(outcome: tuple[int | None, bool, Any]) -> tuple[int | None, bool, Any]:

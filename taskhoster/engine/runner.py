@@ -216,15 +216,20 @@ class Committer:
         self.busy = False  # a group taken from the queue and not yet answered
 
     def submit(self, op: Op[Any]) -> None:
+        self.submit_many([op])
+
+    def submit_many(self, ops: list[Op[Any]]) -> None:
         with self.cond:
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(
                     target=self._loop, name="taskhoster-committer", daemon=True
                 )
                 self.thread.start()
-            op.submitted = time.monotonic()
-            self.queue.append(op)
-            self.queued_items += op.size
+            now = time.monotonic()
+            for op in ops:
+                op.submitted = now
+                self.queue.append(op)
+                self.queued_items += op.size
             self.cond.notify()
 
     def start(self) -> None:

@@ -174,6 +174,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
     def _reset(self) -> None:
         self.queues: list[str] = []
         self.capacity = 0
+        self.batch = 1  # at most this many items per pushed frame (``subscribe``'s batch)
         self.held = HeldItems()
         self.reserved = 0
         self.last_served = 0.0
@@ -430,6 +431,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
         if self.closed:
             return
         self.queues, self.capacity = unique, capacity
+        self.batch = message.get("batch") or 1
         if message.get("name"):
             self.name = message["name"]
         assert self.dispatcher is not None
@@ -442,29 +444,72 @@ class WorkConsumer(AsyncWebsocketConsumer):
         return lease is not None and holding is not None and lease != holding.lease
 
     def _on_result(self, message: dict[str, Any]) -> Answer:
-        item_id = message["id"]
-        holding = self.held.get(item_id)
-        stale = self._stale(message, holding)
+        (answer,) = self._submit_results([message])
+        return answer
+
+    def _on_results(self, message: dict[str, Any]) -> Answer:
+        """Several results in one frame (``results``), each handled as its own ``result``
+        frame would be, in order, handed to the committer together; their slots are claimed
+        for together, and one ``acks`` frame answers them all, in the same order."""
+        entries = message["results"]
+        return self._acks(entries, self._submit_results(entries))
+
+    def _submit_results(self, entries: list[dict[str, Any]]) -> list[Answer]:
+        """Hand these results to the committer at once, free the slots of the attempts they
+        answer, and return each one's ack (to come)."""
         assert self.principal is not None
+        held = [self.held.get(entry["id"]) for entry in entries]
         # The key's queue limits hold for every frame that names an item: a result for an
         # item of a queue it may not use is not found (checked by the group, with the row).
-        verdict = engine.submit_async(
-            engine.Result(
-                item_id=item_id,
-                result=message["result"],
-                queues=self.principal.queues,
-                with_row=False,  # the ack says the verdict alone
-            )
+        verdicts = engine.submit_many_async(
+            [
+                engine.Result(
+                    item_id=entry["id"],
+                    result=entry["result"],
+                    queues=self.principal.queues,
+                    with_row=False,  # the ack says the verdict alone
+                )
+                for entry in entries
+            ]
         )
-        if stale:
-            # An earlier attempt's result: still submitted (rule 3), but the attempt this
-            # socket holds keeps its slot until the verdict says the item is over.
-            return self._result_ack(item_id, verdict, still_held=holding)
-        # Free the slot at once, so the verdict's own news is not taken for a cancel, and so
-        # the claim for the freed slot can join the same group as this result.
-        self.held.pop(item_id, None)
+        answers: list[Answer] = []
+        for entry, holding, verdict in zip(entries, held, verdicts, strict=True):
+            item_id = entry["id"]
+            if self._stale(entry, holding):
+                # An earlier attempt's result: still submitted (rule 3), but the attempt
+                # this socket holds keeps its slot until the verdict says the item is over.
+                answers.append(self._result_ack(item_id, verdict, still_held=holding))
+                continue
+            # Free the slot at once, so the verdict's own news is not taken for a cancel, and
+            # so the claim for the freed slot can join the same group as this result.
+            self.held.pop(item_id, None)
+            answers.append(self._result_ack(item_id, verdict))
         self._slot_freed()
-        return self._result_ack(item_id, verdict)
+        return answers
+
+    async def _acks(self, entries: list[dict[str, Any]], answers: list[Answer]) -> dict[str, Any]:
+        """The ``acks`` frame of a ``results`` frame: each entry's ack, or, where a lone
+        ``result`` would have been answered with an ``error`` frame, ``accepted: false`` with
+        that error."""
+        acks: list[dict[str, Any]] = []
+        try:
+            for entry, answer in zip(entries, answers, strict=True):
+                try:
+                    ack = await answer
+                except TaskhosterError as exc:
+                    ack = {
+                        "id": entry["id"],
+                        "accepted": False,
+                        "error": {"code": exc.code, "message": exc.message},
+                    }
+                else:
+                    assert ack is not None
+                    del ack["type"]
+                acks.append(ack)
+        finally:
+            for answer in answers[len(acks) + 1 :]:
+                _forget(answer)
+        return {"type": "acks", "acks": acks}
 
     async def _result_ack(
         self,
@@ -588,6 +633,49 @@ class WorkConsumer(AsyncWebsocketConsumer):
             return False
         return True
 
+    async def deliver_many(self, claimed: list[engine.Claimed]) -> list[engine.Claimed]:
+        """Push several claimed items, in ``items`` frames of at most ``batch`` items and
+        of at most a frame's bytes (a larger item goes alone); the items that did not go
+        out (the socket is gone) are returned, for the caller to give back."""
+        if self.closed:
+            return claimed
+        most = contract.max_frame_bytes()
+        runs: list[list[tuple[engine.Claimed, str]]] = [[]]
+        size = 0
+        for item in claimed:
+            row = item.row
+            assert row.lease is not None
+            text = json.dumps(
+                engine.item_json(row, payload=item.payload, lease=row.lease),
+                separators=(",", ":"),
+            )
+            run = runs[-1]
+            if run and (len(run) >= self.batch or size + len(text) > most):
+                runs.append(run := [])
+                size = 0
+            run.append((item, text))
+            size += len(text) + 1
+        unsent: list[engine.Claimed] = []
+        for run in runs:
+            if unsent or self.closed:
+                unsent.extend(item for item, _text in run)
+                continue
+            for item, text in run:
+                row = item.row
+                self.held[row.id] = Held(row.lease or "", row.queue_name, row.queue_id, len(text))
+            if len(run) == 1:
+                item, text = run[0]
+                frame_text = '{"type":"item",' + text[1:]
+                kind = "item"
+            else:
+                frame_text = '{"type":"items","items":[' + ",".join(t for _i, t in run) + "]}"
+                kind = "items"
+            if not await self._send({"type": kind}, text=frame_text):
+                for item, _text in run:
+                    self.held.pop(item.row.id, None)
+                unsent.extend(item for item, _text in run)
+        return unsent
+
     @property
     def held_bytes(self) -> int:
         """The frames of the items this socket holds, in bytes: what it may not have read
@@ -646,6 +734,14 @@ def _now(frame: dict[str, Any]) -> Answer:
     done: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
     done.set_result(frame)
     return done
+
+
+def _forget(answer: Answer) -> None:
+    """An answer no one will await: a coroutine is closed, a future's error retrieved."""
+    if asyncio.iscoroutine(answer):
+        answer.close()
+    elif isinstance(answer, asyncio.Future):
+        answer.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 def _live_queue_names(names: list[str]) -> list[str]:

@@ -84,6 +84,9 @@ class Worker(Protocol):
 
     async def deliver(self, claimed: engine.Claimed) -> bool: ...
 
+    # A socket that takes several items per frame (``batch`` over 1) has this too.
+    async def deliver_many(self, claimed: list[engine.Claimed]) -> list[engine.Claimed]: ...
+
     async def cancel(self, item_id: str, reason: str) -> None: ...
 
 
@@ -307,26 +310,46 @@ class Dispatcher:
     async def _deal(self, claimed: list[engine.Claimed], slots: list[Worker]) -> None:
         """Hand each item to the socket it was claimed for (``slots``, least recently
         served first), if that socket is still open, subscribed to the item's queue (it may
-        have subscribed anew while the claim was in flight) and not drained."""
-        for item, worker in zip(claimed, slots, strict=False):
-            placed = False
-            if (
-                self._free(worker) > 0
-                and worker in self.workers
-                and item.row.queue_name in worker.queues
-            ):
-                worker.last_served = self.loop.time()
-                placed = await worker.deliver(item)
-            if not placed:
-                # Its socket did not take it (it closed meanwhile): it never reached a
-                # worker, so it goes back without costing it an attempt, and is claimed
-                # again for whichever socket is free (news of the release).
-                try:
-                    await engine.execute_async(
-                        engine.Release(item_id=item.row.id, lease=item.row.lease or "")
-                    )
-                except Exception:
-                    log.exception("could not give back %s, which no socket took", item.row.id)
+        have subscribed anew while the claim was in flight) and not drained. A socket that
+        takes several items per frame (``batch``) gets its share in as few frames as it
+        allows."""
+        unplaced: list[engine.Claimed] = []
+        start = 0
+        pairs = list(zip(claimed, slots, strict=False))
+        while start < len(pairs):
+            worker = pairs[start][1]
+            end = start + 1
+            while end < len(pairs) and pairs[end][1] is worker:
+                end += 1
+            share = [item for item, _w in pairs[start:end]]
+            start = end
+            if worker not in self.workers:
+                unplaced.extend(share)
+                continue
+            wanted = [item for item in share if item.row.queue_name in worker.queues]
+            unplaced.extend(item for item in share if item.row.queue_name not in worker.queues)
+            free = self._free(worker)
+            wanted, over = wanted[:free], wanted[free:]
+            unplaced.extend(over)
+            if not wanted:
+                continue
+            worker.last_served = self.loop.time()
+            if getattr(worker, "batch", 1) > 1 and len(wanted) > 1:
+                unplaced.extend(await worker.deliver_many(wanted))
+                continue
+            for item in wanted:
+                if self._free(worker) <= 0 or not await worker.deliver(item):
+                    unplaced.append(item)
+        for item in unplaced:
+            # Its socket did not take it (it closed meanwhile): it never reached a worker,
+            # so it goes back without costing it an attempt, and is claimed again for
+            # whichever socket is free (news of the release).
+            try:
+                await engine.execute_async(
+                    engine.Release(item_id=item.row.id, lease=item.row.lease or "")
+                )
+            except Exception:
+                log.exception("could not give back %s, which no socket took", item.row.id)
 
     # -- delayed items and the backstop ----------------------------------------------------
 

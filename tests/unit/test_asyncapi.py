@@ -26,11 +26,14 @@ from tests.integration.wsclient import check_frame, sent_message_validators
 FRAME_TYPES = {
     "subscribe",
     "result",
+    "results",
     "fail",
     "extend",
     "progress",
     "item",
+    "items",
     "ack",
+    "acks",
     "cancel",
     "drain",
     "error",
@@ -64,7 +67,7 @@ def schema_errors(document: dict[str, Any], kind: str, frame: Any) -> list[str]:
 # -- the document's shape -----------------------------------------------------------------------
 
 
-def test_document_is_asyncapi_3_with_the_work_channel_and_all_ten_frames(document) -> None:
+def test_document_is_asyncapi_3_with_the_work_channel_and_all_thirteen_frames(document) -> None:
     assert document["asyncapi"] == "3.0.0"
     assert document["info"]["title"]
     assert document["info"]["version"]
@@ -89,12 +92,18 @@ def test_operations_receive_the_contract_frames_and_send_the_server_frames(docum
             assert ref["$ref"].startswith("#/channels/work/messages/")
             actions[operation["action"]].add(follow(document, ref)["name"])
     assert actions["receive"] == set(contract.FRAMES)
-    assert actions["send"] == {"item", "ack", "cancel", "drain", "error"}
+    assert actions["send"] == {"item", "items", "ack", "acks", "cancel", "drain", "error"}
     replies = {
         follow(document, ref)["name"]
         for ref in document["operations"]["receiveResult"]["reply"]["messages"]
     }
     assert replies == {"ack", "error"}
+    # Several results in a frame (the optional extension) are answered by one acks frame.
+    replies = {
+        follow(document, ref)["name"]
+        for ref in document["operations"]["receiveResults"]["reply"]["messages"]
+    }
+    assert replies == {"acks", "error"}
 
 
 def test_document_states_the_auth_and_the_consumers_close_codes(document) -> None:
@@ -281,7 +290,15 @@ def test_the_check_names_the_frame_and_the_schema_error() -> None:
 
 
 def test_the_check_reads_the_servers_messages_from_the_document(document) -> None:
-    assert set(sent_message_validators(document)) == {"item", "ack", "cancel", "drain", "error"}
+    assert set(sent_message_validators(document)) == {
+        "item",
+        "items",
+        "ack",
+        "acks",
+        "cancel",
+        "drain",
+        "error",
+    }
 
 
 # -- serving it -----------------------------------------------------------------------------------
