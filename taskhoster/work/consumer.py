@@ -372,6 +372,9 @@ class WorkConsumer(AsyncWebsocketConsumer):
                 continue
             if frame["type"] != "error":
                 await self._send(frame)
+                if frame["type"] == "acks":
+                    # An entry's error counts as the error frame a lone result would get.
+                    await self._count_errors(sum("error" in ack for ack in frame["acks"]))
                 continue
             await self._error(frame["code"], frame["message"], item_id=frame.get("id"))
             if frame["code"] == "internal":
@@ -473,7 +476,11 @@ class WorkConsumer(AsyncWebsocketConsumer):
             ]
         )
         answers: list[Answer] = []
+        freed = False
         for entry, holding, verdict in zip(entries, held, verdicts, strict=True):
+            # Should the acks not be awaited to the end (an unexpected error closes the
+            # socket), a verdict's error is not left unretrieved.
+            verdict.add_done_callback(_retrieve)
             item_id = entry["id"]
             if self._stale(entry, holding):
                 # An earlier attempt's result: still submitted (rule 3), but the attempt
@@ -483,8 +490,10 @@ class WorkConsumer(AsyncWebsocketConsumer):
             # Free the slot at once, so the verdict's own news is not taken for a cancel, and
             # so the claim for the freed slot can join the same group as this result.
             self.held.pop(item_id, None)
+            freed = True
             answers.append(self._result_ack(item_id, verdict))
-        self._slot_freed()
+        if freed:
+            self._slot_freed()
         return answers
 
     async def _acks(self, entries: list[dict[str, Any]], answers: list[Answer]) -> dict[str, Any]:
@@ -635,45 +644,49 @@ class WorkConsumer(AsyncWebsocketConsumer):
 
     async def deliver_many(self, claimed: list[engine.Claimed]) -> list[engine.Claimed]:
         """Push several claimed items, in ``items`` frames of at most ``batch`` items and
-        of at most a frame's bytes (a larger item goes alone); the items that did not go
-        out (the socket is gone) are returned, for the caller to give back."""
-        if self.closed:
-            return claimed
-        most = contract.max_frame_bytes()
-        runs: list[list[tuple[engine.Claimed, str]]] = [[]]
+        of at most a frame's bytes (a larger item goes alone), while the socket holds less
+        than ``MAX_SOCKET_HELD_BYTES`` of frames (as ``Dispatcher._free`` asks before each
+        lone push). The items that did not go out (the socket is gone, drained or full) are
+        returned, for the caller to give back."""
+        most = contract.max_frame_bytes() - len(_ITEMS_FRAME_WRAPPER)
+        full = get_conf().max_socket_held_bytes
+        runs: list[list[tuple[engine.Claimed, str]]] = []
         size = 0
-        for item in claimed:
+        taken = self.held.size  # what it holds, and what the runs so far will add
+        unsent: list[engine.Claimed] = []
+        for n, item in enumerate(claimed):
             row = item.row
-            assert row.lease is not None
+            if row.lease is None or (taken >= full and (self.held or runs)):
+                unsent.extend(claimed[n:])
+                break
             text = json.dumps(
                 engine.item_json(row, payload=item.payload, lease=row.lease),
                 separators=(",", ":"),
             )
-            run = runs[-1]
-            if run and (len(run) >= self.batch or size + len(text) > most):
-                runs.append(run := [])
+            if not runs or len(runs[-1]) >= self.batch or size + len(text) > most:
+                runs.append([])
                 size = 0
-            run.append((item, text))
+            runs[-1].append((item, text))
             size += len(text) + 1
-        unsent: list[engine.Claimed] = []
-        for run in runs:
-            if unsent or self.closed:
-                unsent.extend(item for item, _text in run)
-                continue
+            taken += len(text)
+        for n, run in enumerate(runs):
+            if self.closed or self.draining:
+                unsent[:0] = [item for later in runs[n:] for item, _text in later]
+                break
             for item, text in run:
                 row = item.row
                 self.held[row.id] = Held(row.lease or "", row.queue_name, row.queue_id, len(text))
             if len(run) == 1:
-                item, text = run[0]
-                frame_text = '{"type":"item",' + text[1:]
+                frame_text = '{"type":"item",' + run[0][1][1:]
                 kind = "item"
             else:
-                frame_text = '{"type":"items","items":[' + ",".join(t for _i, t in run) + "]}"
+                frame_text = _ITEMS_FRAME_WRAPPER.replace("]", ",".join(t for _i, t in run) + "]")
                 kind = "items"
             if not await self._send({"type": kind}, text=frame_text):
                 for item, _text in run:
                     self.held.pop(item.row.id, None)
-                unsent.extend(item for item, _text in run)
+                unsent[:0] = [item for later in runs[n:] for item, _text in later]
+                break
         return unsent
 
     @property
@@ -692,8 +705,15 @@ class WorkConsumer(AsyncWebsocketConsumer):
 
     async def _error(self, code: str, message: str, *, item_id: Any = None) -> None:
         await self._send(error_frame(code, message, item_id))
+        await self._count_errors(1)
+
+    async def _count_errors(self, count: int) -> None:
+        """``count`` more errors told to this socket: past ABUSE_ERRORS within the window,
+        it is closed (4429)."""
+        if not count:
+            return
         now = time.monotonic()
-        self.errors = [t for t in self.errors if now - t < ABUSE_WINDOW_SECONDS] + [now]
+        self.errors = [t for t in self.errors if now - t < ABUSE_WINDOW_SECONDS] + [now] * count
         if len(self.errors) > ABUSE_ERRORS:
             await self._close(CLOSE_ABUSE)
 
@@ -736,12 +756,21 @@ def _now(frame: dict[str, Any]) -> Answer:
     return done
 
 
+# An items frame around its entries (the entries go between the brackets).
+_ITEMS_FRAME_WRAPPER = '{"type":"items","items":[]}'
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 def _forget(answer: Answer) -> None:
     """An answer no one will await: a coroutine is closed, a future's error retrieved."""
     if asyncio.iscoroutine(answer):
         answer.close()
     elif isinstance(answer, asyncio.Future):
-        answer.add_done_callback(lambda f: f.cancelled() or f.exception())
+        answer.add_done_callback(_retrieve)
 
 
 def _live_queue_names(names: list[str]) -> list[str]:

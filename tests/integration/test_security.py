@@ -654,9 +654,13 @@ def test_a_chunked_body_is_cut_at_the_limit(server_factory, make_key):
 # -- 8. a worker that does not read --------------------------------------------------------------
 
 
-def test_a_socket_that_does_not_read_gets_at_most_max_socket_held_bytes(server_factory, make_key):
+@pytest.mark.parametrize("batch", [None, 60], ids=["item-frames", "items-frames"])
+def test_a_socket_that_does_not_read_gets_at_most_max_socket_held_bytes(
+    server_factory, make_key, batch
+):
     """Capacity 60 and payloads of ~1 MB: the server once pushed all 60 (+59 MB buffered for
-    a worker that never read them); it stops at MAX_SOCKET_HELD_BYTES (16 MiB)."""
+    a worker that never read them); it stops at MAX_SOCKET_HELD_BYTES (16 MiB). The same with
+    items pushed several to a frame (subscribe's batch)."""
     engine.upsert_queue(name="q", body={"leaseSeconds": 300})
     engine.upsert_queue(name="empty", body={})
     big = "x" * 1_000_000
@@ -670,7 +674,10 @@ def test_a_socket_that_does_not_read_gets_at_most_max_socket_held_bytes(server_f
 
     async def run() -> int:
         ws = await connect(server, key)
-        await subscribe(ws, ["q"], 60)
+        if batch is None:
+            await subscribe(ws, ["q"], 60)
+        else:
+            await send(ws, {"type": "subscribe", "queues": ["q"], "capacity": 60, "batch": batch})
         # One claim takes all 60; the socket is dealt what fits in 16 MiB and the rest is
         # given back one item at a time (a second or more). Wait for that, generously.
         deadline = time.monotonic() + 60

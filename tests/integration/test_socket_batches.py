@@ -8,6 +8,7 @@ import asyncio
 import json
 
 import pytest
+import websockets
 
 from .wsclient import (
     PONG,
@@ -96,6 +97,37 @@ def test_an_items_frame_stays_within_the_frame_limit(server, http, key):
             assert [i["id"] for i in got] == ids
             assert all(i["payload"] == big for i in got)
             assert sorted(sizes) == [1, 2]
+
+    asyncio.run(run())
+
+
+def test_two_items_that_fit_a_frame_only_without_its_envelope_come_in_two(server, http, key):
+    """The frame limit counts the whole frame: two entries that add up to just under the
+    limit, but over it with the items frame around them, come as two item frames."""
+    make_queue(http)
+    limit = 1024 * 1024 + 64 * 1024
+    probes = [post(http, "x") for _ in range(2)]
+
+    async def run():
+        async with await connect(server, key) as ws:
+            await send(ws, {"type": "subscribe", "queues": ["q"], "capacity": 2, "batch": 2})
+            held = await _items(ws, 2)
+            assert [i["id"] for i in held] == probes
+            overhead = len(json.dumps(held[0], separators=(",", ":")).encode()) - len('"x"')
+            # Full: these two wait, and one claim takes both when the probes' slots free up.
+            # Two entries and their comma: 11 bytes under the limit; the envelope is 27.
+            length = (limit - 11) // 2 - overhead - 2
+            ids = [post(http, "y" * length) for _ in range(2)]
+            await send(ws, {"type": "results", "results": [{"id": i, "result": 1} for i in probes]})
+            kinds: list[tuple[str, str]] = []
+            while len(kinds) < 2:
+                text = await asyncio.wait_for(ws.recv(), 10)
+                assert len(text.encode()) <= limit
+                frame = json.loads(text)
+                check_frame(frame)
+                if frame["type"] != "acks":
+                    kinds.append((frame["type"], frame["id"]))
+            assert kinds == [("item", i) for i in ids]
 
     asyncio.run(run())
 
@@ -206,5 +238,28 @@ def test_a_batch_over_the_largest_capacity_is_refused(server, http, key):
             assert (await recv(ws))["code"] == "invalid_batch"
             await send(ws, {"type": "subscribe", "queues": ["q"], "capacity": 1, "batch": 0})
             assert (await recv(ws))["code"] == "invalid_batch"
+
+    asyncio.run(run())
+
+
+def test_error_entries_in_acks_count_toward_the_abuse_limit(server, http, key):
+    """More than 100 errors within 10 s close a socket (4429), whether they come as error
+    frames or as entries of acks frames: 2 results frames of 60 unknown items each."""
+    make_queue(http)
+
+    async def run():
+        ws = await connect(server, key)
+        await subscribe(ws, ["q"], 1)
+        unknown = [{"id": f"nosuchitem{n:010d}", "result": None} for n in range(60)]
+        await send(ws, {"type": "results", "results": unknown})
+        first = await recv(ws, timeout=10)
+        assert [a["error"]["code"] for a in first["acks"]] == ["item_not_found"] * 60
+        await send(ws, {"type": "results", "results": unknown})
+        second = await recv(ws, timeout=10)
+        assert len(second["acks"]) == 60
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await recv(ws, timeout=10)
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == 4429
 
     asyncio.run(run())
