@@ -197,6 +197,76 @@ def test_a_result_the_server_refuses_as_too_large_fails_the_item_for_good(server
     run_with_producer(server, key, body)
 
 
+def _frames_sent(monkeypatch) -> list[str]:
+    """The types of the frames every worker of this process sends, in order (recorded on the
+    way out; each frame still goes out as it would)."""
+    from taskhoster.client import worker as worker_module
+
+    sent: list[str] = []
+    encode = worker_module._encode
+
+    def recording(frame):
+        sent.append(frame["type"])
+        return encode(frame)
+
+    monkeypatch.setattr(worker_module, "_encode", recording)
+    return sent
+
+
+def test_with_a_batch_items_come_several_to_a_frame_and_results_go_back_together(
+    server, key, monkeypatch
+):
+    """``batch=8``: 24 items waiting, a worker of capacity 8; every item gets its own result,
+    and the results went back in results frames, not one result frame each."""
+    sent = _frames_sent(monkeypatch)
+    worker = Worker(server.url, key, capacity=8, batch=8)
+    seen: list[int] = []
+
+    @worker.handler("q")
+    async def square(job: Job):
+        seen.append(job.payload)
+        return {"square": job.payload**2}
+
+    async def body(producer):
+        items = [await producer.post("q", n) for n in range(24)]
+        async with serving(worker):
+            for n, item in enumerate(items):
+                assert await producer.result(item.id, timeout=20) == {"square": n * n}
+        assert sorted(seen) == list(range(24))
+
+    run_with_producer(server, key, body)
+    assert sent[0] == "subscribe"
+    assert "results" in sent
+    assert sent.count("result") < 24
+
+
+def test_with_a_batch_a_results_frame_refused_whole_is_sent_again_one_by_one(
+    server_factory, key, monkeypatch
+):
+    """A server whose results are at most 64 bytes refuses a results frame holding one of 100
+    bytes as a whole (too_large, changing nothing); the worker sends each result again alone:
+    the small ones finish, the large one fails for good as too large, as it would alone."""
+    server = server_factory(TASKHOSTER_MAX_PAYLOAD_BYTES="64")
+    sent = _frames_sent(monkeypatch)
+    worker = Worker(server.url, key, capacity=4, batch=4)
+
+    @worker.handler("q")
+    async def answer(job: Job):
+        return "x" * 100 if job.payload == "big" else job.payload
+
+    async def body(producer):
+        items = [await producer.post("q", p) for p in ("a", "big", "b", "c")]
+        async with serving(worker):
+            done = [await producer.wait(item.id, timeout=20) for item in items]
+        assert [d.status for d in done] == ["finished", "failed", "finished", "finished"]
+        assert [d.result for d in done if d.status == "finished"] == ["a", "b", "c"]
+        assert "too large" in done[1].error
+        assert done[1].attempts == 1
+
+    run_with_producer(server, key, body)
+    assert "results" in sent
+
+
 # -- capacity, keepalive, cancel -------------------------------------------------------------
 
 
