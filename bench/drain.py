@@ -5,8 +5,9 @@ default): ``--items`` items are posted in batches of 500 over HTTP and the disk 
 then ``--workers`` worker processes (``bench/work_socket.py --worker``: one socket each,
 capacity 16, answering every item with a result at once; they subscribe with ``batch`` 16, so
 items may come several to a frame and their results go back several to a frame, unless
-``BENCH_SOCKET_BATCH=1``, which is one frame per item each way) start, and the clock runs from the
-moment the first one is subscribed to the last item's ``finished_at``, once
+``BENCH_SOCKET_BATCH=1``, which is one frame per item each way; ``BENCH_WORKER=client``:
+the workers are ``taskhoster.client.Worker``, with ``batch`` as above) start, and the clock
+runs from the moment the first one is subscribed to the last item's ``finished_at``, once
 ``GET /api/queues/bench`` (asked every 0.1 s, so that the bench costs the server little)
 counts every item finished. The figure is items per second, as the peer benchmark's
 "backlog drain". Beside it, the CPU each process and thread spent per item (user + system,
@@ -234,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             f"\nBacklog drain: {env.label}, fsync {'on' if args.fsync else 'off'}, "
             f"{args.items} items, {args.workers} socket workers of capacity 16, "
             f"{FRAME_BATCH} per frame (BENCH_SOCKET_BATCH)"
+            + (", taskhoster.client.Worker" if os.environ.get("BENCH_WORKER") == "client" else "")
         )
         print(
             f"  {final['finished']} finished in {elapsed:.2f} s = {rate:,.0f} items/s"

@@ -178,10 +178,40 @@ async def work(
     return seen
 
 
+def client_worker(url: str, key: str, ready: Any, stop: asyncio.Event) -> Any:
+    """The same worker written with ``taskhoster.client.Worker`` (``BENCH_WORKER=client``):
+    capacity 16, ``batch`` FRAME_BATCH, a handler that returns the result at once."""
+    import logging
+
+    from taskhoster.client import Worker
+
+    logging.getLogger("taskhoster.client").setLevel(logging.WARNING)  # a line per item
+    worker = Worker(url, key, capacity=CAPACITY, batch=FRAME_BATCH, name="bench")
+    seen: Counter[str] = Counter()
+
+    @worker.handler(QUEUE)
+    async def answer(job: Any) -> Any:
+        seen["item"] += 1
+        return RESULT
+
+    async def run() -> Counter[str]:
+        serving = asyncio.ensure_future(worker.serve())
+        while not worker.connected and not serving.done():
+            await asyncio.sleep(0.01)
+        ready()
+        await stop.wait()
+        worker.stop()
+        await serving
+        return seen
+
+    return run()
+
+
 def worker_main(url: str) -> int:
     """``--worker URL``: one worker socket in a process of its own; the key comes from the
     environment (BENCH_KEY). Prints "ready" once subscribed and its frame counts as JSON
-    when stdin closes or it is sent SIGTERM."""
+    when stdin closes or it is sent SIGTERM. ``BENCH_WORKER=client``: the worker is
+    ``taskhoster.client.Worker`` (``client_worker``) instead of this file's own loop."""
     key = os.environ["BENCH_KEY"]
 
     async def run() -> Counter[str]:
@@ -199,6 +229,8 @@ def worker_main(url: str) -> int:
         def ready() -> None:
             print("ready", flush=True)
 
+        if os.environ.get("BENCH_WORKER") == "client":
+            return Counter(await client_worker(url, key, ready, stop))
         return await work(url, key, stop=stop, ready=ready)
 
     seen = asyncio.run(run())
