@@ -41,12 +41,13 @@ What it does for the handlers (SPEC sections 6 and 8.2):
   queue the server refuses (401, 403, no such queue) stops it with the typed error instead.
 - **batch** (optional, default 1): with ``batch=N`` over 1 the worker subscribes with the
   socket's ``batch`` extension: the server may push up to N items in one ``items`` frame, and
-  the results that handlers return within one turn of the event loop go back in one
-  ``results`` frame (a result of more than 16 KiB of JSON still goes alone). That saves the
-  server and the worker a frame each way per item; a server older than the extension refuses
-  the subscribe (``unknown_field``), so leave it at 1 against one. A ``results`` frame the
-  server refuses whole is sent again one result at a time, so each result meets the fate it
-  would have met alone.
+  the results that handlers return within a turn or two of the event loop go back in one
+  ``results`` frame (a result of more than 16 KiB of JSON still goes alone; a ``fail`` always
+  goes alone). That saves the server and the worker a frame each way per item. A server
+  older than the extension refuses the subscribe (``unknown_field``), and the worker stops
+  with that ``SocketError``: leave it at 1 against one. A ``results`` frame the server
+  refuses whole is sent again one result at a time, so each result meets the fate it would
+  have met alone.
 - **stop and drain**: the first SIGINT or SIGTERM (with ``run()``, or ``serve(handle_signals=
   True)``), a ``drain`` frame from the server (``POST /api/workers/{id}/drain``) or
   :meth:`Worker.stop` take no new items (capacity 0) and let the running handlers finish for
@@ -101,10 +102,21 @@ Handler = Callable[["Job"], Any]
 MAX_ERROR_CHARS = 10_000
 #: Error frames that answer a subscribe: the worker cannot go on (unless it is stopping).
 SUBSCRIBE_ERRORS = frozenset(
-    {"invalid_queues", "invalid_capacity", "forbidden", "queue_not_found", "unauthorized"}
+    {
+        "invalid_queues",
+        "invalid_capacity",
+        "invalid_batch",
+        "forbidden",
+        "queue_not_found",
+        "unauthorized",
+        # Only the subscribe can carry a field a server does not know: ``batch``, to a
+        # server older than it. Left alone, the worker would hold an idle socket forever.
+        "unknown_field",
+    }
 )
-#: A result of more JSON than this goes alone, never in a ``results`` frame (``batch``): a
-#: frame of gathered results stays far below any server's frame limit.
+#: A result of more JSON than this (in UTF-8 bytes) goes alone, never in a ``results`` frame
+#: (``batch``): a frame of gathered results stays far below any server's frame limit (the
+#: largest payload and 64 KiB).
 GATHERED_RESULT_BYTES = 16 * 1024
 GATHERED_FRAME_BYTES = 48 * 1024
 CLOSE_UNAUTHORIZED = 4401
@@ -531,8 +543,10 @@ class _Session:
         self.running: dict[str, _Running] = {}
         self.draining = False
         self.closed = False
-        # Results waiting to go out together (``batch``), with what waits for each one's ack.
-        self.gathered: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]] = []
+        # Results waiting to go out together (``batch``), with what waits for each one's ack
+        # and their size; the tasks sending them.
+        self.gathered: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]], int]] = []
+        self.sending: set[asyncio.Future[None]] = set()
 
     async def run(self) -> None:
         assert self.worker._stopping is not None
@@ -594,35 +608,40 @@ class _Session:
         return await future
 
     async def answer(self, frame: dict[str, Any]) -> dict[str, Any]:
-        """``request`` for a verdict; with ``batch``, a small result waits for the rest of
-        this turn of the loop and goes out with the results gathered in it."""
-        if (
-            self.worker.batch <= 1
-            or frame["type"] != "result"
-            or _size(frame) > GATHERED_RESULT_BYTES
-        ):
+        """``request`` for a verdict; with ``batch``, a small result waits for the other
+        results of this turn of the loop (and the next) and goes out with them."""
+        if self.worker.batch <= 1 or frame["type"] != "result":
+            return await self.request(frame)
+        size = _utf8_size(frame)
+        if size > GATHERED_RESULT_BYTES:
             return await self.request(frame)
         future: asyncio.Future[dict[str, Any]] = self.loop.create_future()
         future.add_done_callback(_retrieve)
-        self.gathered.append((frame, future))
+        self.gathered.append((frame, future, size))
         if len(self.gathered) == 1:
-            self.loop.call_soon(lambda: asyncio.ensure_future(self.send_gathered()))
+            self.loop.call_soon(self._send_gathered_soon)
         return await future
+
+    def _send_gathered_soon(self) -> None:
+        task = asyncio.ensure_future(self.send_gathered())
+        self.sending.add(task)
+        task.add_done_callback(self.sending.discard)
 
     async def send_gathered(self) -> None:
         """Send the gathered results: ``results`` frames of at most GATHERED_FRAME_BYTES
-        (a ``result`` frame for one alone), all at once, their acks in order."""
-        gathered, self.gathered = self.gathered, []
+        (a ``result`` frame for one alone), all at once, their acks in order. A result whose
+        handler was stopped meanwhile (a cancel: its future is cancelled) is not sent."""
+        gathered = [entry for entry in self.gathered if not entry[1].done()]
+        self.gathered = []
         chunks: list[list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]]] = [[]]
         size = 0
-        for entry in gathered:
-            length = _size(entry[0])
+        for frame, future, length in gathered:
             if chunks[-1] and size + length > GATHERED_FRAME_BYTES:
                 chunks.append([])
                 size = 0
-            chunks[-1].append(entry)
+            chunks[-1].append((frame, future))
             size += length
-        await asyncio.gather(*(self._send_chunk(chunk) for chunk in chunks))
+        await asyncio.gather(*(self._send_chunk(chunk) for chunk in chunks if chunk))
 
     async def _send_chunk(
         self, chunk: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]]
@@ -642,18 +661,21 @@ class _Session:
                 if not future.done():
                     future.set_exception(exc if isinstance(exc, _Lost) else _Lost())
             return
-        answers = acks.get("acks", [])
-        for (_frame, future), ack in zip(chunk, answers, strict=False):
-            error = ack.get("error")
-            if future.done():
-                continue
-            if error:
-                future.set_exception(SocketError(str(error["message"]), code=str(error["code"])))
-            else:
-                future.set_result({"type": "ack", **ack})
-        for _frame, future in chunk:
-            if not future.done():  # fewer acks than results: the server's fault
-                future.set_exception(SocketError("no ack came for this result", code="no_ack"))
+        try:
+            for (_frame, future), ack in zip(chunk, acks.get("acks", []), strict=False):
+                if future.done():
+                    continue
+                error = ack.get("error")
+                if error:
+                    future.set_exception(
+                        SocketError(str(error.get("message")), code=str(error.get("code")))
+                    )
+                else:
+                    future.set_result({"type": "ack", **ack})
+        finally:
+            for _frame, future in chunk:
+                if not future.done():  # no (readable) ack for it: the server's fault
+                    future.set_exception(SocketError("no ack came for this result", code="no_ack"))
 
     # -- frames in ------------------------------------------------------------------------
 
@@ -934,17 +956,17 @@ async def _settle(future: asyncio.Future[dict[str, Any]], request: Any) -> None:
     """Hand ``request``'s answer, or its error, to ``future``."""
     try:
         answer = await request
-    except Exception as exc:
+    except (Exception, asyncio.CancelledError) as exc:
         if not future.done():
-            future.set_exception(exc)
+            future.set_exception(exc if isinstance(exc, Exception) else _Lost())
     else:
         if not future.done():
             future.set_result(answer)
 
 
-def _size(frame: dict[str, Any]) -> int:
-    """A frame's length as ``_encode`` writes it (in characters)."""
-    return len(json.dumps(frame, ensure_ascii=False, separators=(",", ":")))
+def _utf8_size(frame: dict[str, Any]) -> int:
+    """The bytes of UTF-8 ``_encode`` makes of ``frame``."""
+    return len(json.dumps(frame, ensure_ascii=False, separators=(",", ":")).encode())
 
 
 def _encode(frame: dict[str, Any]) -> str:

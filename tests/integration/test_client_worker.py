@@ -267,6 +267,23 @@ def test_with_a_batch_a_results_frame_refused_whole_is_sent_again_one_by_one(
     assert "results" in sent
 
 
+def test_a_batch_the_server_refuses_stops_the_worker_with_its_error(server, key):
+    """A subscribe the server refuses for its batch (over the largest capacity here; a server
+    older than the extension says unknown_field) stops the worker with that error, as a
+    refused capacity does, instead of leaving it subscribed to nothing."""
+    from taskhoster.client import SocketError
+
+    worker = Worker(server.url, key, batch=10**6)
+    worker.add_handler("q", lambda job: None)
+
+    async def body(producer):
+        with pytest.raises(SocketError) as refused:
+            await asyncio.wait_for(worker.serve(), 10)
+        assert refused.value.code == "invalid_batch"
+
+    run_with_producer(server, key, body)
+
+
 # -- capacity, keepalive, cancel -------------------------------------------------------------
 
 
