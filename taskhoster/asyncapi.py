@@ -329,28 +329,6 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "progress": None,
         "lease": "Jq3k1n0sYvB2h4W8xZ7c5A",
     },
-    "items": {
-        "type": "items",
-        "items": [
-            {
-                "id": "0641f3a0c2b1d4e5f6a7b8",
-                "queue": "emails",
-                "status": "processing",
-                "payload": {"to": "ada@example.com"},
-                "threadId": None,
-                "priority": 0,
-                "scheduledAt": "2026-01-31T12:00:00.000000Z",
-                "postedAt": "2026-01-31T12:00:00.000000Z",
-                "attempts": 1,
-                "leaseExpiresAt": "2026-01-31T12:01:00.000000Z",
-                "finishedAt": None,
-                "error": None,
-                "key": None,
-                "progress": None,
-                "lease": "Jq3k1n0sYvB2h4W8xZ7c5A",
-            }
-        ],
-    },
     "ack": {"type": "ack", "id": "0641f3a0c2b1d4e5f6a7b8", "accepted": True, "status": "finished"},
     "acks": {
         "type": "acks",
@@ -365,6 +343,13 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     },
     "cancel": {"type": "cancel", "id": "0641f3a0c2b1d4e5f6a7b8", "reason": "deleted"},
     "error": {"type": "error", "code": "unknown_type", "message": "unknown frame type 'hello'"},
+}
+
+
+# An items frame's example: the item frame's example, as an entry (without its type).
+EXAMPLES["items"] = {
+    "type": "items",
+    "items": [{k: v for k, v in EXAMPLES["item"].items() if k != "type"}],
 }
 
 
