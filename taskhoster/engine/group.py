@@ -109,7 +109,9 @@ class Group:
     def run(self) -> None:
         """Run every operation in one transaction; the caller answers afterwards."""
         try:
-            with transaction.atomic():
+            # (A group posting many items goes without the pipeline: see ``insert_rows``.)
+            new_rows = sum(len(op.items) for op in self._posts())
+            with sql.group_transaction(new_rows <= sql.PIPELINED_NEW_ROWS_MOST):
                 try:
                     self._run_in_transaction()
                 except BaseException:

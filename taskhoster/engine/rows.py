@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
@@ -19,7 +20,7 @@ from operator import attrgetter
 from typing import Any
 
 from django.core.signals import setting_changed
-from django.db import connection
+from django.db import connection, transaction
 from django.dispatch import receiver
 
 from ..errors import Conflict
@@ -103,6 +104,9 @@ class Dialect:
     update_from_values: bool
     # Queue directories are guarded by advisory locks (PostgreSQL).
     advisory_locks: bool
+    # A group's statements are sent without waiting for each one's answer (psycopg's
+    # pipeline mode), and new rows go in by ``COPY`` or from one array per column.
+    pipeline: bool
 
 
 SQLITE = Dialect(
@@ -113,6 +117,7 @@ SQLITE = Dialect(
     naive_times=True,
     update_from_values=False,
     advisory_locks=False,
+    pipeline=False,
 )
 POSTGRESQL = Dialect(
     vendor="postgresql",
@@ -122,11 +127,12 @@ POSTGRESQL = Dialect(
     naive_times=False,
     update_from_values=True,
     advisory_locks=True,
+    pipeline=True,
 )
 
 
 # Any other database Django speaks: row locks and casts as PostgreSQL's, no advisory locks.
-OTHER = replace(POSTGRESQL, vendor="other", advisory_locks=False)
+OTHER = replace(POSTGRESQL, vendor="other", advisory_locks=False, pipeline=False)
 DIALECTS = {d.vendor: d for d in (SQLITE, POSTGRESQL)}
 
 
@@ -163,11 +169,81 @@ def select_columns() -> str:
     return SQLITE_SELECT_COLUMNS if dialect().vendor == "sqlite" else SELECT_COLUMNS
 
 
+# A group making more new rows than this runs without a pipeline, so that they go in by
+# one ``COPY`` (which a pipeline cannot carry; in one, a statement a row: ``insert_rows``).
+PIPELINED_NEW_ROWS_MOST = 32
+
+
+@contextmanager
+def group_transaction(pipelined: bool = True) -> Iterator[None]:
+    """A group's transaction (``transaction.atomic``: a savepoint inside the caller's own).
+
+    On PostgreSQL (``Dialect.pipeline``) and when ``pipelined``, its statements are sent
+    without waiting for each one's answer until one is read (psycopg's pipeline mode): a
+    group's locks and writes go with the statement after them, its last ones with the
+    ``COMMIT``. The server runs them in the order sent, so a lock is still held before the
+    rows read after it. An error is raised where the answers are next read, as Django's
+    error (a lost key race is still ``IntegrityError``), and the transaction fails whole,
+    as it would without: the answers still owed are read first, so that the rollback is
+    not dropped with them (a pipeline discards what follows an error until then)."""
+    if not (pipelined and dialect().pipeline):
+        with transaction.atomic():
+            yield
+        return
+    connection.ensure_connection()
+    with (
+        connection.wrap_database_errors,
+        connection.connection.pipeline() as pipeline,
+        transaction.atomic(),
+    ):
+        try:
+            yield
+        except BaseException:
+            with suppress(Exception):  # (the error being raised says what failed)
+                pipeline.sync()
+            raise
+
+
+def _in_pipeline() -> bool:
+    raw = connection.connection
+    return raw is not None and bool(raw.pgconn.pipeline_status)
+
+
+def _cursor() -> Any:
+    """A cursor for the engine's statements, under Django's wrappers (its errors, query
+    logging, ``execute_wrapper``). On PostgreSQL, psycopg's own ``Cursor``: values bound by
+    the server and made by psycopg's C code, where Django's cursor makes a statement's
+    text of its values in Python; and times read by psycopg's C loader, where Django's
+    reads them in Python (both give UTC times: Django sets the session's zone to UTC)."""
+    if not dialect().pipeline:
+        return connection.cursor()
+    connection.ensure_connection()
+    raw = _psycopg().Cursor(connection.connection)
+    raw.adapters.register_loader("timestamptz", _time_loader())
+    if connection.queries_logged:
+        return connection.make_debug_cursor(raw)
+    return connection.make_cursor(raw)
+
+
+def _psycopg() -> Any:
+    import psycopg
+
+    return psycopg
+
+
+@lru_cache(maxsize=1)
+def _time_loader() -> Any:
+    """psycopg's own loader of ``timestamptz`` text (its C one where installed)."""
+    psycopg = _psycopg()
+    oid = psycopg.postgres.types["timestamptz"].oid
+    return psycopg.adapters.get_loader(oid, psycopg.pq.Format.TEXT)
+
+
 def lock_queues_shared(queue_ids: Iterable[int]) -> None:
     """A group's hold on the directories of the queues it writes into (in id order)."""
     if not dialect().advisory_locks:
         return
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         for queue_id in sorted(queue_ids):
             cursor.execute(
                 "SELECT pg_advisory_xact_lock_shared(%s, %s)", [QUEUE_LOCK_CLASS, queue_id]
@@ -178,7 +254,7 @@ def lock_queue_exclusive(queue_id: int) -> None:
     """A queue's deletion waits for the groups writing into its directory."""
     if not dialect().advisory_locks:
         return
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [QUEUE_LOCK_CLASS, queue_id])
 
 
@@ -337,7 +413,7 @@ def select_rows(ids: Iterable[str], *, lock: bool) -> dict[str, ItemRow]:
     wanted = sorted(set(ids))
     found: dict[str, ItemRow] = {}
     suffix = f" ORDER BY id{dialect().lock}" if lock and dialect().lock else ""
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         for chunk in _chunks(wanted):
             cursor.execute(
                 f"SELECT {select_columns()} FROM {ITEM} WHERE id IN ({_placeholders(len(chunk))})"
@@ -353,7 +429,7 @@ def select_rows(ids: Iterable[str], *, lock: bool) -> dict[str, ItemRow]:
 def _by_ids(head: str, ids: Iterable[str]) -> Iterator[tuple[Any, ...]]:
     """The rows of ``head`` (a query ending in ``WHERE`` and its id column) for the
     distinct ``ids``, 500 of them a statement. Read to the end: the cursor is open until."""
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         for chunk in _chunks(sorted(set(ids))):
             cursor.execute(f"{head} IN ({_placeholders(len(chunk))})", list(chunk))
             yield from cursor.fetchall()
@@ -435,7 +511,7 @@ def claim_candidates(
     queue_id: int, at: datetime, limit: int, skip: Sequence[str] = ()
 ) -> list[ItemRow]:
     query, params = claim_query(queue_id, at, limit, skip)
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(query, params)
         return [_row(values) for values in cursor.fetchall()]
 
@@ -451,14 +527,14 @@ CLAIM_LOCK_CLASS = 7332
 def lock_claims(queue_id: int) -> None:
     if not dialect().advisory_locks:
         return
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [CLAIM_LOCK_CLASS, queue_id])
 
 
 def count_processing(queue_id: int, cap: int) -> int:
     """How many of the queue's items are processing, counted from their rows (the leases
     themselves), up to ``cap``: a few index entries, never a tally a crash could leave off."""
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(
             f"SELECT COUNT(*) FROM (SELECT 1 FROM {ITEM} WHERE queue_id = %s AND status = %s "
             "LIMIT %s) AS p",
@@ -472,7 +548,7 @@ def claim_starts(
 ) -> list[tuple[datetime, int]]:
     """The claims that started in the queue after ``since`` (their times and counts);
     ``prune``: older ones are dropped on the way (a claim, under ``lock_claims``)."""
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         if prune:
             cursor.execute(
                 f"DELETE FROM {CLAIM_START} WHERE queue_id = %s AND at <= %s",
@@ -503,7 +579,7 @@ def control_state(
 
 def count_due_eligible(queue_id: int, at: datetime, cap: int) -> int:
     """The queue's claimable items due at ``at``, up to ``cap``."""
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(
             f"SELECT COUNT(*) FROM (SELECT 1 FROM {ITEM} WHERE eligible AND queue_id = %s "
             "AND scheduled_at <= %s LIMIT %s) AS e",
@@ -514,7 +590,7 @@ def count_due_eligible(queue_id: int, at: datetime, cap: int) -> int:
 
 def count_thread_waiting(queue_id: int, at: datetime, cap: int) -> int:
     """The queue's due pending thread members that are not eligible, up to ``cap``."""
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(
             f"SELECT COUNT(*) FROM (SELECT 1 FROM {ITEM} WHERE queue_id = %s "
             "AND thread_id IS NOT NULL AND status = %s AND NOT eligible AND scheduled_at <= %s "
@@ -525,7 +601,7 @@ def count_thread_waiting(queue_id: int, at: datetime, cap: int) -> int:
 
 
 def record_claim_start(queue_id: int, at: datetime, n: int) -> None:
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {CLAIM_START} (queue_id, at, n) VALUES (%s, %s, %s)",
             [queue_id, adapt_time(at), n],
@@ -535,7 +611,7 @@ def record_claim_start(queue_id: int, at: datetime, n: int) -> None:
 def existing_keys(queue_id: int, keys: Iterable[str]) -> dict[str, ItemRow]:
     wanted = sorted(set(keys))
     found: dict[str, ItemRow] = {}
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         for chunk in _chunks(wanted):
             cursor.execute(
                 f"SELECT {select_columns()} FROM {ITEM} "
@@ -567,7 +643,7 @@ def select_queues(*, names: Sequence[str] = (), ids: Sequence[int] = ()) -> list
         where.append(f"id IN ({_placeholders(len(ids))})")
         params.extend(ids)
     columns = ", ".join(f'"{c}"' for c in QUEUE_COLUMNS)
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(f"SELECT {columns} FROM {QUEUE} WHERE {' OR '.join(where)}", params)
         return [_queue(row) for row in cursor.fetchall()]
 
@@ -589,7 +665,7 @@ def earliest_claimable(queue_names: Sequence[str]) -> dict[str, tuple[datetime, 
     queue with nothing claimable is left out)."""
     found: dict[str, tuple[datetime, bool]] = {}
     levels = ", ".join(f"({level})" for level in PRIORITIES)
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         for chunk in _chunks(list(queue_names)):
             # ``eligible`` bare, as in the partial index's condition, so the planner uses it.
             cursor.execute(
@@ -616,7 +692,7 @@ def thread_line(queue_id: int, thread_id: str, limit: int) -> Line:
     ``scheduled_at``, then arrival; the real-engine model test holds the two to each
     other). Two probes of ``item_thread_order``, in one statement."""
     member = f"SELECT id, status FROM {ITEM} WHERE queue_id = %s AND thread_id = %s AND status = %s"
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(
             f"SELECT * FROM ({member} LIMIT %s) AS p UNION ALL "
             f"SELECT * FROM ({member} ORDER BY scheduled_at, seq LIMIT %s) AS w",
@@ -642,7 +718,7 @@ def first_pending_member(queue_id: int, thread_id: str) -> str | None:
     """A thread's head as the index orders the line (``rules.thread_head``: earliest
     ``scheduled_at``, then arrival, ``rules.line_order``; the real-engine model test holds
     the two to each other)."""
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(
             f"SELECT id FROM {ITEM} WHERE queue_id = %s AND thread_id = %s AND status = %s "
             "ORDER BY scheduled_at, seq LIMIT 1",
@@ -656,16 +732,38 @@ def first_pending_member(queue_id: int, thread_id: str) -> str | None:
 
 
 def insert_rows(rows: Sequence[ItemRow]) -> None:
+    """New rows: on PostgreSQL outside a pipeline by one ``COPY`` (``_copy_rows``); else a
+    statement a row (``executemany``: in a pipeline they go together, and psycopg prepares
+    a statement the server has seen a few times)."""
     if not rows:
         return
     columns = ", ".join(f'"{c}"' for c in COLUMNS)
+    if dialect().pipeline and not _in_pipeline():
+        _copy_rows(columns, rows)
+        return
     json_mark = dialect().json_mark
     marks = ", ".join(json_mark if c in JSON_COLUMNS else "%s" for c in COLUMNS)
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.executemany(
             f"INSERT INTO {ITEM} ({columns}) VALUES ({marks})",
             list(map(_values_of(COLUMNS), rows)),
         )
+
+
+def _copy_rows(columns: str, rows: Sequence[ItemRow]) -> None:
+    """PostgreSQL, outside a pipeline: new rows by ``COPY ... FROM STDIN``, made by
+    psycopg's C code: one statement for the server, where a statement a row cost a batch
+    of 500 posts twice as much here (``bench/committer_cost.py``). ``COPY`` is not a
+    statement Django's cursor runs, so ``execute_wrapper`` and query logging do not see it;
+    its errors are Django's all the same."""
+    values = _values_of(COLUMNS)
+    with (
+        _cursor() as cursor,
+        connection.wrap_database_errors,
+        cursor.cursor.copy(f"COPY {ITEM} ({columns}) FROM STDIN") as copy,
+    ):
+        for row in rows:
+            copy.write_row(values(row))
 
 
 def update_rows(rows: Iterable[ItemRow]) -> None:
@@ -678,7 +776,7 @@ def update_rows(rows: Iterable[ItemRow]) -> None:
         if row.dirty:
             shapes[tuple(sorted(row.dirty))].append(row)
             row.dirty = set()
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         for columns, members in shapes.items():
             if dialect().update_from_values:
                 for chunk in _chunks(members):
@@ -720,7 +818,7 @@ def _column_type(column: str) -> str:
 
 
 def delete_rows(ids: Sequence[str]) -> None:
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         for chunk in _chunks(list(ids)):
             cursor.execute(
                 f"DELETE FROM {ITEM} WHERE id IN ({_placeholders(len(chunk))})", list(chunk)
@@ -730,7 +828,7 @@ def delete_rows(ids: Sequence[str]) -> None:
 def delete_rows_of_queue(queue_id: int, ids: Sequence[str]) -> list[Status]:
     """Delete the rows ``ids`` of one queue; the status of each row that went."""
     gone: list[Status] = []
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         for chunk in _chunks(list(ids)):
             cursor.execute(
                 f"DELETE FROM {ITEM} WHERE queue_id = %s "
@@ -768,7 +866,7 @@ def lock_threads(
     is made again; one that keeps being deleted is a ``Conflict``."""
     found: dict[tuple[int, str], ThreadState] = {}
     missing = sorted(keys)
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         for _round in range(5):
             to_create = [k for k in missing if k in create]
             if to_create:
@@ -794,7 +892,7 @@ def lock_threads(
 
 def claim_thread(queue_id: int, thread_id: str, queue_name: str) -> ThreadState | None:
     """A claimed candidate's thread row, unless another group holds it (``SKIP LOCKED``)."""
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(
             f"SELECT {THREAD_COLUMNS} FROM {THREAD} "
             f"WHERE queue_id = %s AND thread_id = %s{dialect().skip_locked}",
@@ -806,7 +904,7 @@ def claim_thread(queue_id: int, thread_id: str, queue_name: str) -> ThreadState 
 
 def thread_exists(queue_id: int, thread_id: str) -> bool:
     """Whether the thread's row exists (unlocked: a claim that could not lock it asks)."""
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(
             f"SELECT 1 FROM {THREAD} WHERE queue_id = %s AND thread_id = %s",
             [queue_id, thread_id],
@@ -822,7 +920,7 @@ def save_thread(thread: ThreadState) -> None:
         thread.processing_item,
         adapt_json(thread.heads),
     ]
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         if thread.pk is None:
             cursor.execute(
                 f"INSERT INTO {THREAD} (queue_id, thread_id, member_count, processing, "
@@ -843,7 +941,7 @@ def save_thread(thread: ThreadState) -> None:
 
 
 def delete_thread(pk: int) -> None:
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(f"DELETE FROM {THREAD} WHERE id = %s", [pk])
 
 
@@ -854,7 +952,7 @@ def set_eligible(ids: Sequence[str], eligible: bool, *, only_pending: bool = Fal
     params: list[Any] = [eligible, *ids]
     if only_pending:
         params.append(Status.PENDING.value)
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(
             f"UPDATE {ITEM} SET eligible = %s WHERE id IN ({_placeholders(len(ids))}){condition}",
             params,
@@ -870,7 +968,7 @@ def add_counts(deltas: dict[tuple[int, str], int], shard: int) -> None:
     changes = [(q, s, shard, n) for (q, s), n in sorted(deltas.items()) if n]
     if not changes:
         return
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.executemany(
             f"INSERT INTO {COUNT} (queue_id, status, shard, n) VALUES (%s, %s, %s, %s) "
             "ON CONFLICT (queue_id, status, shard) DO UPDATE SET n = "
@@ -900,7 +998,7 @@ class ScheduleState:
 def lock_schedule(schedule_id: int) -> ScheduleState | None:
     """A schedule's row, locked for the rest of the group on PostgreSQL (SQLite's write
     transaction holds every row already); None if it is gone."""
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(
             "SELECT id, queue_id, rev, paused, next_at, overlap, last_item "
             f"FROM {SCHEDULE} WHERE id = %s{dialect().lock}",
@@ -925,7 +1023,7 @@ def advance_schedule(
 ) -> None:
     """Move a schedule on to ``next_at``; with ``slot``, that slot's item is ``last_item``."""
     state.next_at = next_at
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         if slot is None:
             cursor.execute(
                 f"UPDATE {SCHEDULE} SET next_at = %s, updated_at = %s WHERE id = %s",
