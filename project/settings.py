@@ -130,6 +130,13 @@ def _database() -> dict[str, object]:
         # The index can be rebuilt from the durable item files, so a commit need not wait
         # for the database's own flush.
         options.setdefault("options", "-c synchronous_commit=off")
+        # The engine's statements (``taskhoster.engine.rows``, bound by the server) are
+        # kept prepared on their connection once run a few times: parsed and planned once,
+        # not once a group. Django's own queries are never prepared. Behind a connection
+        # pooler in transaction mode that does not carry prepared statements from one
+        # client to the next: TASKHOSTER_DB_PREPARE=0.
+        if _env_flag("TASKHOSTER_DB_PREPARE", True):
+            options.setdefault("prepare_threshold", 5)
         if os.environ.get("TASKHOSTER_TEST_DB"):
             config["TEST"] = {"NAME": os.environ["TASKHOSTER_TEST_DB"]}
         if _env_flag("TASKHOSTER_DB_POOL", True):

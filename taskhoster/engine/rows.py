@@ -107,6 +107,10 @@ class Dialect:
     # A group's statements are sent without waiting for each one's answer (psycopg's
     # pipeline mode), and new rows go in by ``COPY`` or from one array per column.
     pipeline: bool
+    # A list of ids is bound as one array (``= ANY(%s)``), not a placeholder each: a
+    # statement's text does not change with their number, so the server can keep it
+    # prepared (see ``_cursor``).
+    arrays: bool
 
 
 SQLITE = Dialect(
@@ -118,6 +122,7 @@ SQLITE = Dialect(
     update_from_values=False,
     advisory_locks=False,
     pipeline=False,
+    arrays=False,
 )
 POSTGRESQL = Dialect(
     vendor="postgresql",
@@ -128,11 +133,12 @@ POSTGRESQL = Dialect(
     update_from_values=True,
     advisory_locks=True,
     pipeline=True,
+    arrays=True,
 )
 
 
 # Any other database Django speaks: row locks and casts as PostgreSQL's, no advisory locks.
-OTHER = replace(POSTGRESQL, vendor="other", advisory_locks=False, pipeline=False)
+OTHER = replace(POSTGRESQL, vendor="other", advisory_locks=False, pipeline=False, arrays=False)
 DIALECTS = {d.vendor: d for d in (SQLITE, POSTGRESQL)}
 
 
@@ -191,6 +197,7 @@ def group_transaction(pipelined: bool = True) -> Iterator[None]:
             yield
         return
     connection.ensure_connection()
+    nested = connection.in_atomic_block
     with (
         connection.wrap_database_errors,
         connection.connection.pipeline() as pipeline,
@@ -198,6 +205,12 @@ def group_transaction(pipelined: bool = True) -> Iterator[None]:
     ):
         try:
             yield
+            if nested:
+                # Inside the caller's transaction, the group ends with a savepoint's
+                # release: an error of its last statements must be read before that, so
+                # that the savepoint is rolled back and the caller's transaction goes on.
+                # (Outermost, a failing COMMIT ends the transaction whole.)
+                pipeline.sync()
         except BaseException:
             with suppress(Exception):  # (the error being raised says what failed)
                 pipeline.sync()
@@ -410,28 +423,26 @@ def _chunks(values: Sequence[Any], size: int = 500) -> Iterable[Sequence[Any]]:
 
 def select_rows(ids: Iterable[str], *, lock: bool) -> dict[str, ItemRow]:
     """The rows of ``ids`` that exist, locked in id order when ``lock`` (PostgreSQL)."""
-    wanted = sorted(set(ids))
-    found: dict[str, ItemRow] = {}
     suffix = f" ORDER BY id{dialect().lock}" if lock and dialect().lock else ""
-    with _cursor() as cursor:
-        for chunk in _chunks(wanted):
-            cursor.execute(
-                f"SELECT {select_columns()} FROM {ITEM} WHERE id IN ({_placeholders(len(chunk))})"
-                + suffix,
-                list(chunk),
-            )
-            for values in cursor.fetchall():
-                row = _row(values)
-                found[row.id] = row
+    found: dict[str, ItemRow] = {}
+    for values in _by_ids(f"SELECT {select_columns()} FROM {ITEM} WHERE id", ids, suffix):
+        row = _row(values)
+        found[row.id] = row
     return found
 
 
-def _by_ids(head: str, ids: Iterable[str]) -> Iterator[tuple[Any, ...]]:
-    """The rows of ``head`` (a query ending in ``WHERE`` and its id column) for the
-    distinct ``ids``, 500 of them a statement. Read to the end: the cursor is open until."""
+def _by_ids(head: str, ids: Iterable[str], suffix: str = "") -> Iterator[tuple[Any, ...]]:
+    """The rows of ``head`` (a query ending in ``WHERE`` and its id column) ``suffix`` for
+    the distinct ``ids``, 500 of them a statement (on PostgreSQL bound as one array, so the
+    statement's text is the same whatever their number: ``Dialect.arrays``). Read to the
+    end: the cursor is open until."""
+    arrays = dialect().arrays
     with _cursor() as cursor:
         for chunk in _chunks(sorted(set(ids))):
-            cursor.execute(f"{head} IN ({_placeholders(len(chunk))})", list(chunk))
+            if arrays:
+                cursor.execute(f"{head} = ANY(%s){suffix}", [list(chunk)])
+            else:
+                cursor.execute(f"{head} IN ({_placeholders(len(chunk))}){suffix}", list(chunk))
             yield from cursor.fetchall()
 
 
@@ -768,7 +779,7 @@ def _copy_rows(columns: str, rows: Sequence[ItemRow]) -> None:
 
 def update_rows(rows: Iterable[ItemRow]) -> None:
     """Write back each row's changed columns, per set of columns: on PostgreSQL one
-    ``UPDATE ... FROM (VALUES ...)`` for all the rows (one statement for the server to run,
+    ``UPDATE ... FROM unnest(...)`` for all the rows (one statement for the server to run,
     where each row's own took most of a group's time there); on SQLite, in the same process,
     an ``executemany``."""
     shapes: dict[tuple[str, ...], list[ItemRow]] = defaultdict(list)
@@ -780,7 +791,7 @@ def update_rows(rows: Iterable[ItemRow]) -> None:
         for columns, members in shapes.items():
             if dialect().update_from_values:
                 for chunk in _chunks(members):
-                    _update_from_values(cursor, columns, chunk)
+                    _update_from_arrays(cursor, columns, chunk)
                 continue
             assignments = ", ".join(f'"{c}" = %s' for c in columns)
             values = _values_of((*columns, "id"))
@@ -789,18 +800,21 @@ def update_rows(rows: Iterable[ItemRow]) -> None:
             )
 
 
-def _update_from_values(cursor: Any, columns: tuple[str, ...], rows: Sequence[ItemRow]) -> None:
-    """PostgreSQL: set ``columns`` of ``rows`` from one VALUES list (each value cast to its
-    column's type: a VALUES column of NULLs alone would be text)."""
-    names = ", ".join(f'"{c}"' for c in ("id", *columns))
-    row_marks = "(" + ", ".join(["%s"] * (len(columns) + 1)) + ")"
-    assignments = ", ".join(f'"{c}" = v."{c}"::{_column_type(c)}' for c in columns)
-    values = _values_of(("id", *columns))
+def _update_from_arrays(cursor: Any, columns: tuple[str, ...], rows: Sequence[ItemRow]) -> None:
+    """PostgreSQL: set ``columns`` of ``rows`` from one array per column, each cast to its
+    column's type (an array of NULLs alone would be text): the statement's text depends on
+    the columns only, not on the number of rows, so the server keeps it prepared."""
+    names = ("id", *columns)
+    # The base type ("varchar", not "varchar(64)"): a cast to a length cuts a longer text
+    # short, where the assignment to the column refuses it.
+    arrays = ", ".join(f"%s::{_column_type(c).split('(')[0]}[]" for c in names)
+    assignments = ", ".join(f'"{c}" = v."{c}"' for c in columns)
+    quoted = ", ".join(f'"{c}"' for c in names)
+    values = _values_of(names)
     cursor.execute(
-        f"UPDATE {ITEM} AS t SET {assignments} "
-        f"FROM (VALUES {', '.join([row_marks] * len(rows))}) AS v({names}) "
+        f"UPDATE {ITEM} AS t SET {assignments} FROM unnest({arrays}) AS v({quoted}) "
         'WHERE t.id = v."id"',
-        [value for row in rows for value in values(row)],
+        [list(column) for column in zip(*map(values, rows), strict=True)],
     )
 
 
@@ -818,11 +832,15 @@ def _column_type(column: str) -> str:
 
 
 def delete_rows(ids: Sequence[str]) -> None:
+    arrays = dialect().arrays
     with _cursor() as cursor:
         for chunk in _chunks(list(ids)):
-            cursor.execute(
-                f"DELETE FROM {ITEM} WHERE id IN ({_placeholders(len(chunk))})", list(chunk)
-            )
+            if arrays:
+                cursor.execute(f"DELETE FROM {ITEM} WHERE id = ANY(%s)", [list(chunk)])
+            else:
+                cursor.execute(
+                    f"DELETE FROM {ITEM} WHERE id IN ({_placeholders(len(chunk))})", list(chunk)
+                )
 
 
 def delete_rows_of_queue(queue_id: int, ids: Sequence[str]) -> list[Status]:

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from taskhoster import engine
 from taskhoster.engine import rows as sql
@@ -258,3 +258,102 @@ def test_an_error_in_a_pipeline_is_djangos_and_leaves_nothing(make_queue: Any) -
     with sql.group_transaction():
         sql.insert_rows(rows)
     assert set(sql.select_rows([r.id for r in rows], lock=False)) == {r.id for r in rows}
+
+
+@pytest.mark.parametrize("pipelined", [False, True], ids=["alone", "in-a-pipeline"])
+def test_every_column_changed_reads_back_as_written_in_and_out_of_a_pipeline(
+    make_queue: Any, pipelined: bool
+) -> None:
+    """``update_rows`` sets every column a change can touch (PostgreSQL: from one array per
+    column, each text, NULL, time, JSON, flag and number passing through an array's
+    quoting) and each row reads back field for field as it was set."""
+    make_queue("q")
+    rows = _copies("q", 6)
+    with sql.group_transaction(pipelined):
+        sql.insert_rows(rows)
+    at = datetime(2026, 12, 4, 13, 0, 0, 1, tzinfo=UTC)
+    odd = "{\"a\", 'b'} \\ NULL ,;()"
+    with sql.group_transaction(pipelined):
+        again = sql.select_rows([r.id for r in rows], lock=True)
+        for i, row in enumerate(again.values()):
+            row.set(
+                status="failed" if i % 2 else "processing",
+                eligible=bool(i % 2),
+                thread_id=None if i % 3 else f"t {odd} {i}",
+                key=None if i == 1 else f"k2 {odd} {i}",
+                seq=f"s{i}",
+                scheduled_at=at + timedelta(seconds=i),
+                attempts=i * 1000,
+                lease=None if i % 2 else "NULL",
+                lease_expires_at=None if i % 2 else at,
+                claimed_at=at - timedelta(days=i),
+                finished_at=None if i == 0 else at,
+                fetched_at=None,
+                error=None if i == 2 else odd + "é" * i,
+                origin=None if i == 3 else {"odd": odd, "i": i, "list": [None, True, 1.5]},
+                dead_letter=None if i % 2 else "dl",
+                rev=i + 100,
+                updated_at=at,
+                priority=9 - i,
+                claimed_by=None if i == 4 else f"socket {odd}",
+                progress={"p": [i, odd]} if i % 2 else None,
+                cancel_reason=None if i % 3 else "NULL",
+            )
+        sql.update_rows(again.values())
+    wanted = {r.id: {f: getattr(r, f) for f in sql.COLUMNS} for r in again.values()}
+    read = sql.select_rows([r.id for r in rows], lock=False)
+    assert {i: {f: getattr(r, f) for f in sql.COLUMNS} for i, r in read.items()} == wanted
+
+
+def test_an_update_refuses_a_text_longer_than_its_column(make_queue: Any) -> None:
+    """A text too long for its column is refused by the database where it enforces lengths
+    (PostgreSQL), never cut short on the way (a cast of the whole array to the column's
+    length would cut it); SQLite keeps it whole."""
+    from django.db import DataError
+
+    make_queue("q")
+    (row,) = sql.select_rows(_posted("q", 1), lock=False).values()
+    long = "x" * 201  # claimed_by is 200 characters at most
+
+    def write() -> None:
+        with sql.group_transaction():
+            row.set(claimed_by=long)
+            sql.update_rows([row])
+
+    if connection.vendor == "postgresql":
+        with pytest.raises(DataError):
+            write()
+        assert sql.select_rows([row.id], lock=False)[row.id].claimed_by is None
+    else:
+        write()
+        assert sql.select_rows([row.id], lock=False)[row.id].claimed_by == long
+
+
+def test_a_statement_on_many_ids_is_one_text_and_the_server_keeps_it_prepared(
+    make_queue: Any,
+) -> None:
+    """On PostgreSQL a list of ids is bound as one array, so the statement that reads
+    them is the same text for 1 or 40 ids, and once run a few times the server holds it
+    prepared (``prepare_threshold`` in the project's settings): it is parsed once, not
+    once a group. SQLite's statements are prepared by its own cache; nothing to see."""
+    make_queue("q")
+    ids = _posted("q", 40)
+    seen: list[str] = []
+
+    def record(execute: Any, query: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(query)
+        return execute(query, params, many, context)
+
+    with connection.execute_wrapper(record):
+        for n in (1, 40, 2, 3, 4, 5, 6):
+            sql.select_rows(ids[:n], lock=False)
+    if connection.vendor != "postgresql":
+        assert len(seen) == 7
+        return
+    assert len(set(seen)) == 1, set(seen)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement = %s",
+            [seen[0].replace("%s", "$1")],
+        )
+        assert cursor.fetchone()[0] == 1
