@@ -171,6 +171,51 @@ def test_a_stale_result_is_accepted_and_cancels_the_new_attempt(server, http, ke
     assert status_of(http, b)["attempts"] == 1  # pushed once (re-queued as the socket closed)
 
 
+def test_a_stale_result_in_a_results_frame_is_accepted_and_cancels_the_new_attempt(
+    server, http, key, manage
+):
+    """The same rule through the ``results`` extension: an entry naming a lapsed lease is
+    still the item's first verdict (rule 3), the attempt the socket now holds is cancelled
+    before the ``acks`` frame says so, and only then is its slot given to other work."""
+    make_queue(http, leaseSeconds=LEASE_SECONDS)
+    a = post(http, "A", threadId="t")
+    b = post(http, "B", threadId="t")
+
+    async def run():
+        async with await connect(server, key) as ws:
+            await subscribe(ws, ["q"], 1)
+            first = await recv(ws)
+            assert first["id"] == a
+            second = await pushed_again(ws, http, manage, a, first, 1)
+
+            entry = {"id": a, "lease": first["lease"], "result": "old"}
+            await send(ws, {"type": "results", "results": [entry]})
+            got = await frames(ws, 3)
+            kinds = [f["type"] for f in got]
+            cancel = {"type": "cancel", "id": a, "reason": "finished", "lease": second["lease"]}
+            acks = {"type": "acks", "acks": [{"id": a, "accepted": True, "status": "finished"}]}
+            assert cancel in got, got
+            assert acks in got, got
+            assert got.index(cancel) < got.index(acks)  # told to stop before the acks
+            assert kinds.count("item") == 1
+            assert got[kinds.index("item")]["id"] == b
+
+            # The second attempt's own verdict, in a results frame too, changes nothing.
+            late = {"id": a, "lease": second["lease"], "result": "new"}
+            await send(ws, {"type": "results", "results": [late]})
+            assert await recv(ws) == {
+                "type": "acks",
+                "acks": [{"id": a, "accepted": False, "status": "finished"}],
+            }
+            await ping(ws)
+            await assert_nothing_before(ws, PONG)
+
+    asyncio.run(run())
+    done = status_of(http, a)
+    assert (done["status"], done["result"], done["attempts"]) == ("finished", "old", 2)
+    assert status_of(http, b)["attempts"] == 1
+
+
 def test_a_result_with_the_held_lease_is_taken_as_before(server, http, key, manage):
     make_queue(http, leaseSeconds=LEASE_SECONDS)
     a = post(http, "A", threadId="t")
