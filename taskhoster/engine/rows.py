@@ -231,6 +231,7 @@ def _cursor() -> Any:
     if not dialect().pipeline:
         return connection.cursor()
     connection.ensure_connection()
+    connection.validate_thread_sharing()  # as Django's own ``cursor()`` does
     raw = _psycopg().Cursor(connection.connection)
     raw.adapters.register_loader("timestamptz", _time_loader())
     if connection.queries_logged:
