@@ -3,6 +3,7 @@ a real daphne server subprocess sharing the test database."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -200,10 +201,54 @@ def make_queue(db: None) -> Callable[..., Any]:
     return make
 
 
+# Ports the tests' servers listen on: below Linux's range of ephemeral ports (32768-60999
+# by default), so that no outgoing connection of this machine (the tests' own clients, by
+# the thousand) is given one as its source port between ``free_port`` and the server's bind.
+TEST_PORTS = range(20000, 32000)
+# Each port handed out is reserved by a lock on a file of its own (``flock``), held by this
+# process, so that a suite running beside this one (CI runs two) never picks it too. The
+# lock goes when the file is closed or the process ends; the oldest are let go past this
+# many (long after their servers stopped).
+_PORT_LOCKS_KEPT = 256
+_port_locks: list[Any] = []
+
+
+def _let_ports_go() -> None:
+    while _port_locks:
+        _port_locks.pop().close()
+
+
+atexit.register(_let_ports_go)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port no other test process holds and nothing listens on now, for a server the
+    test starts (it binds it a moment later)."""
+    import fcntl
+    import random
+    import tempfile
+
+    folder = Path(tempfile.gettempdir()) / "taskhoster-test-ports"
+    folder.mkdir(exist_ok=True)
+    for _attempt in range(1000):
+        port = random.choice(TEST_PORTS)
+        lock = open(folder / str(port), "a")  # noqa: SIM115 (kept open: the reservation)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()  # another process's
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                lock.close()  # something listens there (or lingers)
+                continue
+        _port_locks.append(lock)
+        while len(_port_locks) > _PORT_LOCKS_KEPT:
+            _port_locks.pop(0).close()
+        return port
+    raise RuntimeError(f"no free port in {TEST_PORTS}")
 
 
 def database_url() -> str:
