@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -224,10 +227,6 @@ atexit.register(_let_ports_go)
 def free_port() -> int:
     """A port no other test process holds and nothing listens on now, for a server the
     test starts (it binds it a moment later)."""
-    import fcntl
-    import random
-    import tempfile
-
     folder = Path(tempfile.gettempdir()) / "taskhoster-test-ports"
     folder.mkdir(exist_ok=True)
     for _attempt in range(1000):

@@ -437,14 +437,19 @@ def _by_ids(head: str, ids: Iterable[str], suffix: str = "") -> Iterator[tuple[A
     the distinct ``ids``, 500 of them a statement (on PostgreSQL bound as one array, so the
     statement's text is the same whatever their number: ``Dialect.arrays``). Read to the
     end: the cursor is open until."""
-    arrays = dialect().arrays
     with _cursor() as cursor:
         for chunk in _chunks(sorted(set(ids))):
-            if arrays:
-                cursor.execute(f"{head} = ANY(%s){suffix}", [list(chunk)])
-            else:
-                cursor.execute(f"{head} IN ({_placeholders(len(chunk))}){suffix}", list(chunk))
+            condition, params = _among(chunk)
+            cursor.execute(f"{head}{condition}{suffix}", params)
             yield from cursor.fetchall()
+
+
+def _among(values: Sequence[Any]) -> tuple[str, list[Any]]:
+    """The condition that a column is one of ``values`` (to follow the column's name), and
+    its parameters: on PostgreSQL one array (``Dialect.arrays``), else a placeholder each."""
+    if dialect().arrays:
+        return " = ANY(%s)", [list(values)]
+    return f" IN ({_placeholders(len(values))})", list(values)
 
 
 def select_states(ids: Iterable[str]) -> dict[str, tuple[Status, str | None]]:
@@ -833,15 +838,10 @@ def _column_type(column: str) -> str:
 
 
 def delete_rows(ids: Sequence[str]) -> None:
-    arrays = dialect().arrays
     with _cursor() as cursor:
         for chunk in _chunks(list(ids)):
-            if arrays:
-                cursor.execute(f"DELETE FROM {ITEM} WHERE id = ANY(%s)", [list(chunk)])
-            else:
-                cursor.execute(
-                    f"DELETE FROM {ITEM} WHERE id IN ({_placeholders(len(chunk))})", list(chunk)
-                )
+            condition, params = _among(chunk)
+            cursor.execute(f"DELETE FROM {ITEM} WHERE id{condition}", params)
 
 
 def delete_rows_of_queue(queue_id: int, ids: Sequence[str]) -> list[Status]:

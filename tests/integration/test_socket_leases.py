@@ -125,7 +125,25 @@ def test_a_stale_fail_or_extend_is_refused_and_leaves_the_new_attempt_running(
     assert status_of(http, b)["attempts"] == 1
 
 
-def test_a_stale_result_is_accepted_and_cancels_the_new_attempt(server, http, key, manage):
+def _verdict_frame(batched: bool, entry: dict) -> dict:
+    """A verdict as a lone ``result`` frame, or as the one entry of a ``results`` frame."""
+    if batched:
+        return {"type": "results", "results": [entry]}
+    return {"type": "result", **entry}
+
+
+def _answer_frame(batched: bool, ack: dict) -> dict:
+    """Its answer: an ``ack`` frame, or an ``acks`` frame of that one entry."""
+    if batched:
+        return {"type": "acks", "acks": [ack]}
+    return {"type": "ack", **ack}
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["result", "results-frame"])
+def test_a_stale_result_is_accepted_and_cancels_the_new_attempt(server, http, key, manage, batched):
+    """Rule 3 whatever the lease, as a lone ``result`` and as an entry of a ``results``
+    frame (the extension): the first verdict wins, the attempt the socket now holds is
+    cancelled before the answer says so, and only then is its slot given to other work."""
     make_queue(http, leaseSeconds=LEASE_SECONDS)
     a = post(http, "A", threadId="t")
     b = post(http, "B", threadId="t")
@@ -138,11 +156,12 @@ def test_a_stale_result_is_accepted_and_cancels_the_new_attempt(server, http, ke
             second = await pushed_again(ws, http, manage, a, first, 1)
 
             # The first attempt finishes late: rule 3, the first result wins whatever its lease.
-            await send(ws, {"type": "result", "id": a, "lease": first["lease"], "result": "old"})
+            old = {"id": a, "lease": first["lease"], "result": "old"}
+            await send(ws, _verdict_frame(batched, old))
             got = await frames(ws, 3)
             kinds = [f["type"] for f in got]
             cancel = {"type": "cancel", "id": a, "reason": "finished", "lease": second["lease"]}
-            ack = {"type": "ack", "id": a, "accepted": True, "status": "finished"}
+            ack = _answer_frame(batched, {"id": a, "accepted": True, "status": "finished"})
             assert cancel in got, got
             assert ack in got, got
             assert got.index(cancel) < got.index(ack)  # told to stop before the ack
@@ -151,13 +170,11 @@ def test_a_stale_result_is_accepted_and_cancels_the_new_attempt(server, http, ke
             assert got[kinds.index("item")]["id"] == b
 
             # The second attempt's own verdict comes too late and changes nothing.
-            await send(ws, {"type": "result", "id": a, "lease": second["lease"], "result": "new"})
-            assert await recv(ws) == {
-                "type": "ack",
-                "id": a,
-                "accepted": False,
-                "status": "finished",
-            }
+            new = {"id": a, "lease": second["lease"], "result": "new"}
+            await send(ws, _verdict_frame(batched, new))
+            assert await recv(ws) == _answer_frame(
+                batched, {"id": a, "accepted": False, "status": "finished"}
+            )
             await send(ws, {"type": "fail", "id": a, "lease": second["lease"]})
             assert await recv(ws) == {"type": "ack", "id": a, "accepted": False}
             # Nothing more: every item is accounted for, and whatever these frames caused
@@ -169,51 +186,6 @@ def test_a_stale_result_is_accepted_and_cancels_the_new_attempt(server, http, ke
     done = status_of(http, a)
     assert (done["status"], done["result"], done["attempts"]) == ("finished", "old", 2)
     assert status_of(http, b)["attempts"] == 1  # pushed once (re-queued as the socket closed)
-
-
-def test_a_stale_result_in_a_results_frame_is_accepted_and_cancels_the_new_attempt(
-    server, http, key, manage
-):
-    """The same rule through the ``results`` extension: an entry naming a lapsed lease is
-    still the item's first verdict (rule 3), the attempt the socket now holds is cancelled
-    before the ``acks`` frame says so, and only then is its slot given to other work."""
-    make_queue(http, leaseSeconds=LEASE_SECONDS)
-    a = post(http, "A", threadId="t")
-    b = post(http, "B", threadId="t")
-
-    async def run():
-        async with await connect(server, key) as ws:
-            await subscribe(ws, ["q"], 1)
-            first = await recv(ws)
-            assert first["id"] == a
-            second = await pushed_again(ws, http, manage, a, first, 1)
-
-            entry = {"id": a, "lease": first["lease"], "result": "old"}
-            await send(ws, {"type": "results", "results": [entry]})
-            got = await frames(ws, 3)
-            kinds = [f["type"] for f in got]
-            cancel = {"type": "cancel", "id": a, "reason": "finished", "lease": second["lease"]}
-            acks = {"type": "acks", "acks": [{"id": a, "accepted": True, "status": "finished"}]}
-            assert cancel in got, got
-            assert acks in got, got
-            assert got.index(cancel) < got.index(acks)  # told to stop before the acks
-            assert kinds.count("item") == 1
-            assert got[kinds.index("item")]["id"] == b
-
-            # The second attempt's own verdict, in a results frame too, changes nothing.
-            late = {"id": a, "lease": second["lease"], "result": "new"}
-            await send(ws, {"type": "results", "results": [late]})
-            assert await recv(ws) == {
-                "type": "acks",
-                "acks": [{"id": a, "accepted": False, "status": "finished"}],
-            }
-            await ping(ws)
-            await assert_nothing_before(ws, PONG)
-
-    asyncio.run(run())
-    done = status_of(http, a)
-    assert (done["status"], done["result"], done["attempts"]) == ("finished", "old", 2)
-    assert status_of(http, b)["attempts"] == 1
 
 
 def test_a_result_with_the_held_lease_is_taken_as_before(server, http, key, manage):
