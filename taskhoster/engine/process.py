@@ -31,6 +31,7 @@ import ctypes.util
 import logging
 import os
 import pickle
+import select
 import signal
 import struct
 import subprocess
@@ -85,20 +86,44 @@ class FrameReader:
     def frames(self) -> list[Any]:
         """The next frames (at least one); ``EOFError`` when the pipe closes."""
         while True:
-            found = []
-            while len(self.buffer) >= HEADER.size:
-                size = HEADER.unpack_from(self.buffer)[0]
-                if len(self.buffer) < HEADER.size + size:
-                    break
-                found.append(pickle.loads(self.buffer[HEADER.size : HEADER.size + size]))
-                del self.buffer[: HEADER.size + size]
+            found = self._whole()
             if found:
                 return found
-            # Into a buffer kept from read to read: os.read would allocate a new one each time.
-            n = os.readv(self.fd, [self.chunk])
-            if not n:
+            if not self._read():
                 raise EOFError
-            self.buffer += memoryview(self.chunk)[:n]
+
+    def available(self) -> list[Any]:
+        """The frames that have arrived whole, without waiting (the pipe is non-blocking);
+        ``EOFError`` once the pipe has closed and every frame before that was returned."""
+        closed = False
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                n = self._read()
+                if not n:
+                    closed = True
+                    break
+                if n < len(self.chunk):
+                    break  # all there was (a read more would only say so)
+        found = self._whole()
+        if closed and not found:
+            raise EOFError
+        return found
+
+    def _read(self) -> int:
+        # Into a buffer kept from read to read: os.read would allocate a new one each time.
+        n = os.readv(self.fd, [self.chunk])
+        self.buffer += memoryview(self.chunk)[:n]
+        return n
+
+    def _whole(self) -> list[Any]:
+        found = []
+        while len(self.buffer) >= HEADER.size:
+            size = HEADER.unpack_from(self.buffer)[0]
+            if len(self.buffer) < HEADER.size + size:
+                break
+            found.append(pickle.loads(self.buffer[HEADER.size : HEADER.size + size]))
+            del self.buffer[: HEADER.size + size]
+        return found
 
 
 # -- in the server process ----------------------------------------------------------------------
@@ -107,13 +132,21 @@ class FrameReader:
 class ChildCommitter:
     """Stands for the committer in the server process: ``submit`` as ``Committer.submit``.
 
-    The caller's thread writes its operation to the pipe itself (a write to a pipe the
-    committer keeps reading returns at once); one thread reads the answers and news back.
+    The caller's thread writes its operation to the pipe itself, without ever waiting for
+    the committer: the committer process reads the pipe between its groups, and what the
+    pipe cannot take while a group runs waits in an outbox, in order, which a thread of its
+    own writes on (``_send``). So an event loop that hands in a big post while a group
+    stalls is not held. One thread reads the answers and news back.
     """
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.write_lock = threading.Lock()
+        # Bytes for the committer process ``outbox_for`` that its pipe could not take yet.
+        self.outbox = bytearray()
+        self.outbox_for: subprocess.Popen[bytes] | None = None
+        self.sender: threading.Thread | None = None
+        self.sent = threading.Condition(self.write_lock)  # the outbox was emptied
         self.pending: dict[int, Op[Any]] = {}
         self.pending_items = 0
         self.next_id = 0
@@ -161,9 +194,65 @@ class ChildCommitter:
                 op.submitted = now
                 self.pending[op.wire_id] = op
                 self.pending_items += op.size
-        # If it died, its reader answers what it held, these included.
-        with self.write_lock, contextlib.suppress(OSError, ValueError):
-            _write_all(proc.stdin.fileno(), data)
+        self._send(proc, data)
+
+    def _send(self, proc: subprocess.Popen[bytes], data: bytes) -> None:
+        """Write ``data`` to ``proc``'s pipe as far as it takes it now; the rest goes to the
+        outbox, behind what waits there already. If the process died, its reader answers
+        what it held, these operations included."""
+        with self.write_lock:
+            if self.outbox_for is not proc:
+                self.outbox.clear()  # an earlier committer process's: it is gone
+                self.outbox_for = proc
+            rest = memoryview(data)
+            if not self.outbox:
+                try:
+                    rest = rest[os.write(self._fd(proc), rest) :]
+                except BlockingIOError:
+                    pass
+                except (OSError, ValueError):
+                    return
+                if not rest:
+                    return
+            self.outbox += rest
+            if self.sender is None:
+                self.sender = threading.Thread(
+                    target=self._write_outbox,
+                    args=(proc,),
+                    name="taskhoster-to-committer",
+                    daemon=True,
+                )
+                self.sender.start()
+
+    @staticmethod
+    def _fd(proc: subprocess.Popen[bytes]) -> int:
+        assert proc.stdin is not None
+        return proc.stdin.fileno()
+
+    def _write_outbox(self, proc: subprocess.Popen[bytes]) -> None:
+        """Write the outbox to ``proc`` as its pipe takes it, until it is empty. The bytes
+        written leave the outbox only once written: meanwhile ``_send`` adds behind them."""
+        name_os_thread()
+        while True:
+            with self.write_lock:
+                if self.outbox_for is not proc or not self.outbox:
+                    self.sender = None
+                    self.sent.notify_all()
+                    return
+                chunk = bytes(self.outbox[: 1 << 20])
+            try:
+                select.select([], [self._fd(proc)], [], 1.0)
+                written = os.write(self._fd(proc), chunk)
+            except BlockingIOError:
+                continue
+            except (OSError, ValueError):  # it died: its reader answers what it held
+                with self.write_lock:
+                    if self.outbox_for is proc:
+                        self.outbox.clear()
+                continue
+            with self.write_lock:
+                if self.outbox_for is proc:
+                    del self.outbox[:written]
 
     def waiting(self) -> int:
         """Operations handed to the committer process and not yet answered."""
@@ -238,8 +327,16 @@ class ChildCommitter:
             if proc is None or proc.stdin is None or os.getpid() != self.pid:
                 return
             self.closing = True
-        with self.write_lock, contextlib.suppress(OSError):
-            proc.stdin.close()
+        deadline = time.monotonic() + timeout
+        with self.write_lock:
+            # What the outbox still holds was handed in: it goes before the end of input.
+            while self.outbox and self.outbox_for is proc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.sent.wait(left)
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -259,6 +356,8 @@ class ChildCommitter:
         except BaseException as exc:
             started.set_exception(exc)
             return
+        assert proc.stdin is not None
+        os.set_blocking(proc.stdin.fileno(), False)  # see ``_send``
         started.set_result(proc)
         self._read(proc)
 
@@ -311,11 +410,86 @@ def _die_with_parent() -> None:
         ctypes.CDLL(libc_name).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
+class PipeCommitter(runner.Committer):
+    """The committer process's committer: the same groups as ``runner.Committer``, run by
+    the process's one thread, which reads the server's operations from the pipe itself
+    between groups (every frame that has arrived) and waits on the pipe when it has nothing
+    to do. No second thread hands them over: an operation wakes the committer directly,
+    and the committer never waits for another thread of its own process to let it run."""
+
+    def __init__(self, reader: FrameReader) -> None:
+        super().__init__()
+        self.reader = reader
+        os.set_blocking(reader.fd, False)
+        # Operations handed in by another thread of this process ring here.
+        self.ring_r, self.ring_w = os.pipe()
+        os.set_blocking(self.ring_r, False)
+        os.set_blocking(self.ring_w, False)
+        self.closed = False  # the server closed the pipe
+        self.thread = threading.current_thread()
+
+    def submit_many(self, ops: list[Op[Any]]) -> None:
+        super().submit_many(ops)
+        with contextlib.suppress(BlockingIOError):
+            os.write(self.ring_w, b"\0")
+
+    def run(self) -> None:
+        """Run groups until the server closes the pipe and all it handed in is answered."""
+        self._loop()
+
+    def _take(self) -> list[Op[Any]] | None:
+        self._pull(0.0)
+        return super()._take()
+
+    def _ended(self) -> bool:
+        return self.closed and not self.queue
+
+    def _wait(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        had = len(self.queue)
+        self.cond.release()
+        try:
+            while len(self.queue) == had and not self.closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._pull(left)
+        finally:
+            self.cond.acquire()
+
+    def _pull(self, seconds: float) -> None:
+        """Take every operation that has arrived on the pipe into the queue, first waiting
+        up to ``seconds`` for one (or for a ring of this process's own)."""
+        if seconds > 0:
+            ready, _, _ = select.select([self.reader.fd, self.ring_r], [], [], seconds)
+            if self.ring_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(self.ring_r, 512):
+                        pass
+            if self.reader.fd not in ready:
+                return
+        try:
+            batches = self.reader.available()
+        except EOFError:
+            self.closed = True
+            return
+        if not batches:
+            return
+        now = time.monotonic()
+        with self.cond:
+            for batch in batches:
+                for wire_id, op in batch:
+                    op.wire_id = wire_id
+                    op.submitted = now
+                    self.queue.append(op)
+                    self.queued_items += op.size
+
+
 def run_child() -> None:
     """The committer process's main loop (Django is set up already)."""
     parent = int(os.environ[CHILD_ENV])
     _die_with_parent()
-    name_os_thread("taskhoster-commit-proc")
+    threading.current_thread().name = "taskhoster-committer"
     if os.getppid() != parent:
         return
     bus.ORIGIN = os.environ.get("TASKHOSTER_NEWS_ORIGIN", bus.ORIGIN)
@@ -339,29 +513,16 @@ def run_child() -> None:
 
     runner.answer_hook = answers
     events.forward = lambda news: send("news", list(news))
-    committer = runner.Committer()
+    committer = PipeCommitter(reader)
     admission.register(committer)  # this process's committer (``foreground_waiting``)
     if fault("committer.slow_start"):  # tests: a start as slow as on a loaded machine
         time.sleep(slow_seconds())
     send("ready", os.getpid())  # the server's /healthz: ready from now on
-    while True:
-        try:
-            batches = reader.frames()
-        except EOFError:
-            # The server closed the pipe (it is exiting; if it died, so do we): finish what
-            # was handed in, write the metrics counted since the last flush, and go.
-            deadline = time.monotonic() + STOP_SECONDS
-            while (committer.waiting() or committer.busy) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            with contextlib.suppress(Exception):
-                metrics.maybe_flush(force=True)
-            return
-        ops = []
-        for batch in batches:
-            for wire_id, op in batch:
-                op.wire_id = wire_id
-                ops.append(op)
-        committer.submit_many(ops)
+    # Until the server closes the pipe (it is exiting; if it died, so do we) and what it
+    # handed in is answered; then write the metrics counted since the last flush, and go.
+    committer.run()
+    with contextlib.suppress(Exception):
+        metrics.maybe_flush(force=True)
 
 
 def _picklable(outcome: tuple[int | None, bool, Any]) -> tuple[int | None, bool, Any]:

@@ -250,16 +250,26 @@ class Committer:
             items = self.queued_items
         return items, (time.monotonic() - oldest) if oldest is not None else 0.0
 
+    def _wait(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for an operation to be handed in (``cond`` held)."""
+        self.cond.wait(seconds)
+
+    def _ended(self) -> bool:
+        """Whether nothing more can be handed in and the loop may end (a thread: never)."""
+        return False
+
     def _take(self) -> list[Op[Any]] | None:
         with self.cond:
             if not self.queue:
-                self.cond.wait(IDLE_SECONDS)
+                self._wait(IDLE_SECONDS)
             if not self.queue:
                 return None
             if GATHER:  # a test's crowd: wait for it
                 deadline = time.monotonic() + 10
                 while len(self.queue) < GATHER and (left := deadline - time.monotonic()) > 0:
-                    self.cond.wait(left)
+                    if self._ended():
+                        break
+                    self._wait(left)
             group: list[Op[Any]] = []
             size = 0
             while self.queue and (not group or size + self.queue[0].size <= MAX_GROUP_ITEMS):
@@ -276,6 +286,8 @@ class Committer:
         while True:
             group = self._take()
             if group is None:
+                if self._ended():
+                    return
                 idle += 1
                 try:
                     metrics.maybe_flush(force=True)

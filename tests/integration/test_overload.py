@@ -116,6 +116,46 @@ def test_posts_are_refused_at_once_while_accepted_work_waits_for_the_committer(
     )
 
 
+def test_a_post_bigger_than_the_committers_pipe_does_not_hold_the_event_loop_while_a_group_stalls(
+    server_factory, headers
+):
+    """The committer process reads its pipe between groups. A post answered on the event
+    loop (a key the process knows) whose operation is bigger than the pipe holds, handed in
+    while a group stalls, waits in the outbox for the committer; the loop goes on answering
+    (``/healthz``) while the stalled group's post still waits, and both posts land."""
+    engine.upsert_queue(name="q", body={})
+    server = server_factory(
+        TASKHOSTER_FAULT="committer.slow_group", TASKHOSTER_FAULT_SLOW_SECONDS="3"
+    )
+    url = f"{server.url}/api/queues/q/items"
+    # Accepted once, the key is one the process knows: its posts are answered on the loop.
+    assert (
+        httpx.post(url, json={"payload": "known"}, headers=headers, timeout=60).status_code == 201
+    )
+    with httpx.Client(base_url=server.url, headers=headers, timeout=2) as http:
+        stalled = Background(
+            lambda: httpx.post(url, json={"payload": "a"}, headers=headers, timeout=60)
+        )
+        wait_for(
+            lambda: http.get("/healthz").json()["committer"]["waitingItems"] >= 1,
+            30,
+            "the post to wait for the stalled group",
+        )
+        big = {"items": [{"payload": "x" * 1_000_000} for _ in range(3)]}  # 3 MB, past any pipe
+        bigger = Background(lambda: httpx.post(url, json=big, headers=headers, timeout=60))
+        wait_for(
+            lambda: http.get("/healthz").json()["committer"]["waitingItems"] >= 4,
+            30,
+            "the big post to be handed to the committer",
+        )
+        health = http.get("/healthz")
+        assert stalled.answer is None, "the loop answered while the stalled group's post waited"
+        assert health.status_code == 200
+        assert stalled.join().status_code == 201
+        assert bigger.join().status_code == 201, bigger.join().text
+    assert Item.objects.count() == 5
+
+
 def test_a_server_whose_committer_is_starting_is_not_ready_and_refuses_no_post_as_overload(
     server_factory, headers
 ):
