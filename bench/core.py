@@ -923,7 +923,7 @@ def print_profile(report: dict[str, Any]) -> None:
 class ThreadCPU:
     """CPU time (user + system, from ``/proc``) spent by each thread of some processes and of
     their child processes between ``start`` and ``stop``, summed by the thread's name (the
-    server names its threads: ``taskhoster-commit-proc``, ``th-committer``...; a process's
+    server names its threads: ``th-committer``, ``th-from-committer``...; a process's
     first thread is named after its program). What a per-item cost breakdown needs without
     a sampler slowing what it measures."""
 

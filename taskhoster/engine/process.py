@@ -15,7 +15,9 @@ its own; the server process hands it operations and takes back answers and news:
   to the other processes, in the server's name, so the server does not hear it twice).
 
 Frames are pickles with a length before them, over the child's stdin and stdout; a reader
-takes every frame that has arrived with one read. The child
+takes every frame that has arrived with one read. In the child that reader is the committer
+itself (``PipeCommitter``), between groups; the server's writes never wait for it
+(``ChildCommitter._send``). The child
 ends when its server does (the pipe closes; on Linux it is also killed with it). If it dies,
 every operation it held is answered with a ``StoreError`` (503: its outcome is unknown, so a
 client may try again) and the next operation starts a new one. A crash point armed in the
@@ -28,6 +30,7 @@ import atexit
 import contextlib
 import ctypes
 import ctypes.util
+import fcntl
 import logging
 import os
 import pickle
@@ -58,6 +61,9 @@ CHILD_ENV = "TASKHOSTER_COMMITTER_CHILD"
 
 # How long a server process's exit waits for its committer process to finish and go.
 STOP_SECONDS = 5.0
+# What the pipe to a committer process holds (Linux's default is 64 KiB; 1 MiB is its
+# usual most for an unprivileged process, /proc/sys/fs/pipe-max-size).
+PIPE_BYTES = 1 << 20
 # The longest a committer process's start is taken for a start: past it, the server process
 # says it is ready without it (its /healthz names the parts that do not answer), and work
 # waiting for it counts as a backlog (admission control refuses new posts).
@@ -78,10 +84,10 @@ def _write_all(fd: int, data: bytes) -> None:
 class FrameReader:
     """Frames from a pipe, as many per read as have arrived."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, chunk: int = 1 << 16) -> None:
         self.fd = fd
         self.buffer = bytearray()
-        self.chunk = bytearray(1 << 16)
+        self.chunk = bytearray(chunk)
 
     def frames(self) -> list[Any]:
         """The next frames (at least one); ``EOFError`` when the pipe closes."""
@@ -358,6 +364,11 @@ class ChildCommitter:
             return
         assert proc.stdin is not None
         os.set_blocking(proc.stdin.fileno(), False)  # see ``_send``
+        with contextlib.suppress(OSError, AttributeError):
+            # A pipe that holds a batch's frame while a group runs: handed over in one write
+            # and one read, not piece by piece through the outbox (Linux; where the
+            # system's limit is lower, the pipe stays as it is).
+            fcntl.fcntl(proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         started.set_result(proc)
         self._read(proc)
 
@@ -493,7 +504,7 @@ def run_child() -> None:
     if os.getppid() != parent:
         return
     bus.ORIGIN = os.environ.get("TASKHOSTER_NEWS_ORIGIN", bus.ORIGIN)
-    reader = FrameReader(sys.stdin.fileno())
+    reader = FrameReader(sys.stdin.fileno(), chunk=PIPE_BYTES)
     out = os.dup(sys.stdout.fileno())
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nothing else may write into the frames
     lock = threading.Lock()

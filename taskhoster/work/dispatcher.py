@@ -100,6 +100,7 @@ class Dispatcher:
         self.serving: dict[str, set[Worker]] = {}
         self.filed: dict[Worker, tuple[str, ...]] = {}
         self.claiming: dict[str, int] = {}  # claims in flight, per queue
+        self.starting: set[str] = set()  # queues with a claim made that has not yet begun
         self.dirty: set[str] = set()  # queues to look at again when a claim ends
         # The same, for local news only: the latest news generation that marked each.
         self.dirty_local: dict[str, int] = {}
@@ -228,6 +229,13 @@ class Dispatcher:
                 else:
                     self.dirty_local[queue] = max(seen, self.dirty_local.get(queue, 0))
             return
+        if queue in self.starting:
+            # A claim of this queue is made and has not begun: it reserves every slot free
+            # when it begins, and reaches the committer after this news, so it takes what
+            # the news announces (a post's hint and its commit's news, one right after the
+            # other, make one claim, not a second that finds nothing).
+            return
+        self.starting.add(queue)
         self.claiming[queue] = self.claiming.get(queue, 0) + 1
         self.loop.create_task(self._claim(queue))
 
@@ -244,6 +252,7 @@ class Dispatcher:
     async def _claim(self, queue: str) -> None:
         again = False
         try:
+            self.starting.discard(queue)
             self.dirty.discard(queue)
             self.dirty_local.pop(queue, None)
             wanting = sorted(
