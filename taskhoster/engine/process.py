@@ -222,13 +222,14 @@ class ChildCommitter:
                     return
             self.outbox += rest
             if self.sender is None:
-                self.sender = threading.Thread(
-                    target=self._write_outbox,
-                    args=(proc,),
-                    name="taskhoster-to-committer",
-                    daemon=True,
-                )
-                self.sender.start()
+                self._start_sender(proc)
+
+    def _start_sender(self, proc: subprocess.Popen[bytes]) -> None:
+        """A thread that writes the outbox to ``proc`` (``write_lock`` held)."""
+        self.sender = threading.Thread(
+            target=self._write_outbox, args=(proc,), name="taskhoster-to-committer", daemon=True
+        )
+        self.sender.start()
 
     @staticmethod
     def _fd(proc: subprocess.Popen[bytes]) -> int:
@@ -243,7 +244,12 @@ class ChildCommitter:
             with self.write_lock:
                 if self.outbox_for is not proc or not self.outbox:
                     self.sender = None
-                    self.sent.notify_all()
+                    if self.outbox and self.outbox_for is not None:
+                        # The next committer process's, handed in while this thread still
+                        # wrote for the one that died: written by a thread of its own.
+                        self._start_sender(self.outbox_for)
+                    else:
+                        self.sent.notify_all()
                     return
                 chunk = bytes(self.outbox[: 1 << 20])
             try:
