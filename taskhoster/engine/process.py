@@ -41,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -492,14 +492,17 @@ class PipeCommitter(runner.Committer):
             return
         if not batches:
             return
-        now = time.monotonic()
         with self.cond:
-            for batch in batches:
-                for wire_id, op in batch:
-                    op.wire_id = wire_id
-                    op.submitted = now
-                    self.queue.append(op)
-                    self.queued_items += op.size
+            self._enqueue(_stamped(batches))
+
+
+def _stamped(batches: list[Any]) -> Iterator[Op[Any]]:
+    """The operations of frames from the server, each with the number it was sent under
+    (its answer goes back under it)."""
+    for batch in batches:
+        for wire_id, op in batch:
+            op.wire_id = wire_id
+            yield op
 
 
 def run_child() -> None:

@@ -32,7 +32,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -225,12 +225,17 @@ class Committer:
                     target=self._loop, name="taskhoster-committer", daemon=True
                 )
                 self.thread.start()
-            now = time.monotonic()
-            for op in ops:
-                op.submitted = now
-                self.queue.append(op)
-                self.queued_items += op.size
+            self._enqueue(ops)
             self.cond.notify()
+
+    def _enqueue(self, ops: Iterable[Op[Any]]) -> None:
+        """Queue ``ops`` for the next groups, in order, stamped with the time they came in
+        (``cond`` held)."""
+        now = time.monotonic()
+        for op in ops:
+            op.submitted = now
+            self.queue.append(op)
+            self.queued_items += op.size
 
     def start(self) -> None:
         """Its thread starts at the first operation: nothing to do ahead."""
