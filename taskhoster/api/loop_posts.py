@@ -98,11 +98,8 @@ def post_later(
     assert isinstance(caller, UncheckedKey)
     try:
         engine.admit_post()
-        with engine.together():  # one hand-over: the post and its claim share a group
-            soon = engine.post_items_soon(
-                queue_name=queue, items=new_items(), key_hash=caller.key_hash
-            )
-            events.posting(queue)  # this process's sockets claim for it, in its own group
+        soon = engine.post_items_soon(queue_name=queue, items=new_items(), key_hash=caller.key_hash)
+        events.posting(queue)  # this process's sockets may claim it in the post's own group
     except Exception:
         return RunInThread()
     return LaterResponse(view, request, soon, answer)

@@ -16,7 +16,6 @@ from .committer import (
     start_is_held,
     submit_async,
     submit_many_async,
-    together,
 )
 from .committer import start as start_committer
 from .flow import Held, held_by_queue, held_for, next_due
@@ -207,7 +206,6 @@ __all__ = [
     "thread_members",
     "thread_position",
     "time_out_if_aged",
-    "together",
     "upsert_queue",
     "validate_queue_name",
     "validate_schedule_name",

@@ -103,54 +103,14 @@ def execute(op: Op[T]) -> T:
     return future.result()
 
 
-_gathering = threading.local()  # ``together``: the operations it holds back, per thread
-
-
-@contextlib.contextmanager
-def together() -> Iterator[None]:
-    """Within, the operations this thread hands in with ``submit_async`` and
-    ``submit_many_async`` are held back and handed to the committer at the end, all at once
-    (one write to a committer process), so that they join one group: a post and the claim
-    this process's sockets make for it (claims run last in a group, and take what the
-    group's posts made). If they cannot be handed in, none is: each one's future fails with
-    the error, which is raised here too. Nested, the outermost hands them in."""
-    if getattr(_gathering, "ops", None) is not None:
-        yield
-        return
-    gathered: list[Op[Any]] = []
-    _gathering.ops = gathered
-    try:
-        yield
-    finally:
-        _gathering.ops = None
-        if gathered:
-            try:
-                committer().submit_many(gathered)
-            except Exception as exc:
-                for op in gathered:
-                    if op.waiter is not None and not op.waiter.done():
-                        op.waiter.set_exception(exc)
-                        op.waiter.exception()  # told here: not "never retrieved" if unawaited
-                raise
-
-
-def _hand_in(ops: list[Op[Any]]) -> None:
-    gathered: list[Op[Any]] | None = getattr(_gathering, "ops", None)
-    if gathered is not None:
-        gathered.extend(ops)
-    else:
-        committer().submit_many(ops)
-
-
 def submit_async(op: Op[T]) -> asyncio.Future[T]:
-    """From code running on an event loop: hand ``op`` to the next group now (or at the end
-    of ``together``); the returned future (of this loop) settles with its answer or its
-    error."""
+    """From code running on an event loop: hand ``op`` to the next group now; the returned
+    future (of this loop) settles with its answer or its error."""
     loop = asyncio.get_running_loop()
     waiter: asyncio.Future[T] = loop.create_future()
     op.loop = loop
     op.waiter = waiter
-    _hand_in([op])
+    committer().submit(op)
     return waiter
 
 
@@ -165,7 +125,7 @@ def submit_many_async(ops: list[Op[Any]]) -> list[asyncio.Future[Any]]:
         op.loop = loop
         op.waiter = waiter
         waiters.append(waiter)
-    _hand_in(ops)
+    committer().submit_many(ops)
     return waiters
 
 

@@ -31,7 +31,6 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
@@ -91,17 +90,6 @@ class Worker(Protocol):
     async def cancel(self, item_id: str, reason: str) -> None: ...
 
 
-@dataclass
-class _Begun:
-    """A claim of the dispatcher's: the slots it reserved, and once handed in, its answer."""
-
-    shares: dict[Worker, int]  # the slots reserved, per socket
-    slots: list[Worker]  # a socket per item asked for, in order
-    total: int
-    op: engine.Claim
-    waiter: asyncio.Future[list[engine.Claimed]] | None = None
-
-
 class Dispatcher:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -134,23 +122,10 @@ class Dispatcher:
         """Called once per batch of news, in the thread that delivers it: this process's
         committer's (once per group), or the bus listener's (``remote``)."""
         wanted = [n for n in news if n[0] != "verdict"]  # verdicts are for long-polls only
-        if wanted and all(kind == events.POSTING for kind, _, _ in wanted) and self._on_loop():
-            # A post handed in on this loop, just now: its claim is handed in at once, with
-            # it (``engine.together``), so that it joins the post's own group.
-            for _, queue, _ in wanted:
-                self.wake(queue, seen=events.generation(), now=True)
-            return
         if wanted:
             seen = None if remote else events.generation()  # this batch's, or later
             with contextlib.suppress(RuntimeError):  # the loop has closed
                 self.loop.call_soon_threadsafe(self._news, wanted, seen)
-
-    def _on_loop(self) -> bool:
-        """Whether this is the dispatcher's own event loop, running."""
-        try:
-            return asyncio.get_running_loop() is self.loop
-        except RuntimeError:
-            return False
 
     def _news(self, news: Sequence[events.News], seen: int | None = None) -> None:
         """``seen``: for news of this process's own committer, the news generation it came
@@ -236,12 +211,11 @@ class Dispatcher:
         for queue in worker.queues:
             self.wake(queue)
 
-    def wake(self, queue: str, *, seen: int | None = None, now: bool = False) -> None:
+    def wake(self, queue: str, *, seen: int | None = None) -> None:
         """Claim for the free slots of this process's sockets on ``queue`` (not already
         reserved by a claim in flight). Claims do not wait for each other: each freed slot
         can join the very next group commit. ``seen``: woken by this process's own news, of
-        that news generation. ``now``: reserve the slots and hand the claim in before
-        returning (on the loop), not in a task of its own a turn of the loop later."""
+        that news generation."""
         serving = self.serving.get(queue, ())
         if not any(self._free(w) > 0 for w in serving):
             if self.claiming.get(queue) or any(w.reserved for w in serving):
@@ -261,16 +235,8 @@ class Dispatcher:
             # the news announces (a post's hint and its commit's news, one right after the
             # other, make one claim, not a second that finds nothing).
             return
-        self.claiming[queue] = self.claiming.get(queue, 0) + 1
-        if now and not fault("dispatch.slow_claim"):
-            begun = self._begin(queue)
-            if begun is None:
-                self.claiming[queue] -= 1
-                return
-            self._hand_in(begun)
-            self.loop.create_task(self._claim(queue, begun))
-            return
         self.starting.add(queue)
+        self.claiming[queue] = self.claiming.get(queue, 0) + 1
         self.loop.create_task(self._claim(queue))
 
     # -- claims ------------------------------------------------------------------------------
@@ -283,64 +249,45 @@ class Dispatcher:
             return 0  # it has that much left to read: nothing more until it answers
         return max(0, worker.capacity - len(worker.held) - worker.reserved)
 
-    def _begin(self, queue: str) -> _Begun | None:
-        """Reserve the free slots of ``queue``'s sockets for a claim (``_hand_in`` hands it
-        in); None if there are none."""
-        self.starting.discard(queue)
-        self.dirty.discard(queue)
-        self.dirty_local.pop(queue, None)
-        wanting = sorted(
-            (w for w in self.serving.get(queue, ()) if self._free(w) > 0),
-            key=lambda w: w.last_served,
-        )
-        shares: dict[Worker, int] = {}
-        total = 0
-        # One claim takes at most MAX_CLAIM items, as a REST claim does; slots left over are
-        # claimed for again at once (``again`` in ``_claim``).
-        most = get_conf().max_claim
-        for worker in wanting:
-            share = min(self._free(worker), most - total)
-            if share <= 0:
-                break
-            shares[worker] = share
-            worker.reserved += share
-            total += share
-        if not shares:
-            # Every free slot was reserved, since this claim was asked for, by a claim of
-            # another queue of these sockets (a subscribe to several queues wakes them all
-            # at once): look again when that one ends, with what it leaves free.
-            if any(w.reserved for w in self.serving.get(queue, ())):
-                self.dirty.add(queue)
-            return None
-        # Each item is for one slot, in order: its holder's name goes into the attempt's
-        # story with the claim (``_deal`` hands each to the socket it was claimed for).
-        slots = [w for w, share in shares.items() for _ in range(share)]
-        op = engine.Claim(queue_name=queue, max_items=total, holders=tuple(w.name for w in slots))
-        return _Begun(shares, slots, total, op)
-
-    def _hand_in(self, begun: _Begun) -> None:
-        try:
-            begun.waiter = engine.submit_async(begun.op)
-        except Exception as exc:  # not handed in: the claim's answer is this error
-            begun.waiter = self.loop.create_future()
-            begun.waiter.set_exception(exc)
-
-    async def _claim(self, queue: str, begun: _Begun | None = None) -> None:
-        """Wait for a claim's answer (``begun``: handed in already; None: begin it first)
-        and deal what it claimed to the sockets it was claimed for."""
+    async def _claim(self, queue: str) -> None:
         again = False
         try:
-            if begun is None:
-                begun = self._begin(queue)
-                if begun is None:
-                    return
-                if fault("dispatch.slow_claim"):
-                    await asyncio.sleep(1.0)
-                self._hand_in(begun)
-            shares, slots, total, op = begun.shares, begun.slots, begun.total, begun.op
+            self.starting.discard(queue)
+            self.dirty.discard(queue)
+            self.dirty_local.pop(queue, None)
+            wanting = sorted(
+                (w for w in self.serving.get(queue, ()) if self._free(w) > 0),
+                key=lambda w: w.last_served,
+            )
+            shares: dict[Worker, int] = {}
+            total = 0
+            # One claim takes at most MAX_CLAIM items, as a REST claim does; slots left over
+            # are claimed for again at once (``again`` below).
+            most = get_conf().max_claim
+            for worker in wanting:
+                share = min(self._free(worker), most - total)
+                if share <= 0:
+                    break
+                shares[worker] = share
+                worker.reserved += share
+                total += share
+            if not shares:
+                # Every free slot was reserved, since this claim was asked for, by a claim of
+                # another queue of these sockets (a subscribe to several queues wakes them
+                # all at once): look again when that one ends, with what it leaves free.
+                if any(w.reserved for w in self.serving.get(queue, ())):
+                    self.dirty.add(queue)
+                return
+            if fault("dispatch.slow_claim"):
+                await asyncio.sleep(1.0)
+            # Each item is for one slot, in order: its holder's name goes into the attempt's
+            # story with the claim (``_deal`` hands each to the socket it was claimed for).
+            slots = [w for w, share in shares.items() for _ in range(share)]
             try:
-                assert begun.waiter is not None
-                claimed = await begun.waiter
+                op = engine.Claim(
+                    queue_name=queue, max_items=total, holders=tuple(w.name for w in slots)
+                )
+                claimed = await engine.execute_async(op)
                 # This process's news delivered up to the claim's answer came from groups no
                 # later than the claim's (``Op.generation``).
                 seen = op.generation

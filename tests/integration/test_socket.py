@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 from datetime import UTC, datetime
-from typing import Any
 
 import httpx
 import pytest
@@ -627,45 +625,6 @@ def test_one_new_item_costs_one_claim_with_fifty_idle_sockets(server, http, key)
             await ws.close()
 
     asyncio.run(run())
-
-
-def settled_group_commits(http: Any) -> float:
-    """The server's group commits, all that it handed its committer before this call
-    counted (``settled_metric``: two claims of its own, the second a group after the first)."""
-    settled_metric(http, "claim_attempts", "barrier")
-    found = re.search(r"^taskhoster_group_commits_total (\S+)$", http.get("/metrics").text, re.M)
-    assert found is not None
-    return float(found.group(1))
-
-
-def test_a_lone_post_to_a_queue_a_socket_waits_on_is_claimed_in_the_posts_own_group(
-    server_factory, key
-):
-    # The post and the claim this process's waiting socket makes for it go to the committer
-    # together: one group posts the item and claims it, not a group for each. (No backstop
-    # claims meanwhile: its first look is a minute away.)
-    server = server_factory(TASKHOSTER_SOCKET_BACKSTOP_SECONDS="60")
-    headers = {"Authorization": f"Token {key}"}
-    with httpx.Client(base_url=server.url, headers=headers, timeout=10) as http:
-        make_queue(http)
-
-        async def run():
-            ws = await connect(server, key)
-            await subscribe(ws, ["q"], 1)
-            await ping(ws)  # in force, and its claim (finding nothing) handed in
-            await assert_nothing_before(ws, PONG)
-            for n in range(3):
-                before = await asyncio.to_thread(settled_group_commits, http)
-                item = post(http, n)
-                assert (await recv(ws, 30))["id"] == item
-                after = await asyncio.to_thread(settled_group_commits, http)
-                assert after - before == 1 + 2, "the post's group, then the reading's two"
-                await send(ws, {"type": "result", "id": item, "result": n})
-                ack = await recv(ws, 30)
-                assert (ack["type"], ack["id"], ack["accepted"]) == ("ack", item, True)
-            await ws.close()
-
-        asyncio.run(run())
 
 
 def test_two_server_processes_share_the_state_root_and_wake_each_other(server_factory, key):
