@@ -3,13 +3,15 @@
 A measurement, not a test. Against a fresh database and state root (fsync on unless
 ``--no-fsync``), it runs the engine's real group commits (``runner.run_group``, the function
 the committer runs for each group) directly in this process, so what it times is the group
-alone: its transaction, its files, its flush, its answers' objects. Three figures:
+alone: its transaction, its files, its flush, its answers' objects. Four figures:
 
 - ``post``: ``--items`` items posted in groups of one post of 500 (µs per item);
 - ``drain``: those items drained in groups shaped like a socket drain's: ``--claims`` claims
   of ``--per`` items each, with the results of the previous group's items (µs per item, a
   claim and a result each; a group holds ``claims * per`` of each);
-- ``lone post``: 1,000 groups of one post of one item (µs per group).
+- ``lone post``: 1,000 groups of one post of one item (µs per group);
+- ``empty claim``: 1,000 groups of one claim of 16 that finds nothing (the queue drained),
+  which a socket's freed slot costs when nothing waits (µs per group).
 
 Beside ``bench/drain.py`` (the same work through daphne, the sockets and the committer
 process) it says how much of a drained item's cost is the group's own, and how much the
@@ -18,6 +20,7 @@ hops around it::
     .venv/bin/python bench/committer_cost.py
     .venv/bin/python bench/committer_cost.py --per 16 --claims 2       # bigger groups
     .venv/bin/python bench/committer_cost.py --profile /tmp/committer.prof   # cProfile the drain
+    .venv/bin/python bench/committer_cost.py --profile-empty /tmp/empty.prof  # ... the empty claims
 """
 
 # ruff: noqa: E402
@@ -50,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database-url", default="")
     parser.add_argument("--tmpdir", default=None)
     parser.add_argument("--profile", default="", help="write a cProfile of the drain here")
+    parser.add_argument(
+        "--profile-empty", default="", help="write a cProfile of the empty claims here"
+    )
     args = parser.parse_args(argv)
     env = make_environment(args)
     try:
@@ -110,6 +116,21 @@ def measure(args: argparse.Namespace) -> int:
         drained = drain()
     per_drained = (time.perf_counter() - started) / max(1, drained)
 
+    # A claim that finds nothing (the queue is drained): what a socket's freed slot costs
+    # the committer when nothing waits.
+    def empty_claims() -> None:
+        for _ in range(1000):
+            run([Claim(queue_name="bench", max_items=16, holders=("w",) * 16)])
+
+    started = time.perf_counter()
+    if args.profile_empty:
+        profile = cProfile.Profile()
+        profile.runcall(empty_claims)
+        profile.dump_stats(args.profile_empty)
+    else:
+        empty_claims()
+    empty = (time.perf_counter() - started) / 1000
+
     started = time.perf_counter()
     for n in range(1000):
         run([prepare_post("bench", [NewItem(payload={"n": n})])])
@@ -125,6 +146,7 @@ def measure(args: argparse.Namespace) -> int:
         f"{per_drained * 1e6:8.0f} µs per item ({drained} items)"
     )
     print(f"  lone post, groups of one:      {lone * 1e6:8.0f} µs per group")
+    print(f"  empty claim, groups of one:    {empty * 1e6:8.0f} µs per group")
     return 0
 
 
