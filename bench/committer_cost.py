@@ -38,10 +38,24 @@ if _REPO not in sys.path:
 import argparse
 import cProfile
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 from bench.core import destroy_environment, load_average, make_environment, migrate, setup_django
+
+T = TypeVar("T")
+
+
+def profiled(work: Callable[[], T], path: str) -> T:
+    """Run ``work``; with a ``path``, under cProfile, its statistics written there."""
+    if not path:
+        return work()
+    profile = cProfile.Profile()
+    try:
+        return profile.runcall(work)
+    finally:
+        profile.dump_stats(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,12 +122,7 @@ def measure(args: argparse.Namespace) -> int:
                 return done
 
     started = time.perf_counter()
-    if args.profile:
-        profile = cProfile.Profile()
-        drained = profile.runcall(drain)
-        profile.dump_stats(args.profile)
-    else:
-        drained = drain()
+    drained = profiled(drain, args.profile)
     per_drained = (time.perf_counter() - started) / max(1, drained)
 
     # A claim that finds nothing (the queue is drained): what a socket's freed slot costs
@@ -123,12 +132,7 @@ def measure(args: argparse.Namespace) -> int:
             run([Claim(queue_name="bench", max_items=16, holders=("w",) * 16)])
 
     started = time.perf_counter()
-    if args.profile_empty:
-        profile = cProfile.Profile()
-        profile.runcall(empty_claims)
-        profile.dump_stats(args.profile_empty)
-    else:
-        empty_claims()
+    profiled(empty_claims, args.profile_empty)
     empty = (time.perf_counter() - started) / 1000
 
     started = time.perf_counter()

@@ -54,6 +54,9 @@ def pipe_committer(monkeypatch: pytest.MonkeyPatch) -> Any:
         thread.join(timeout=10)
         os.close(read_end)
         assert not thread.is_alive(), "the committer did not end when its pipe closed"
+        # The ring lives as long as its committer process; here, as long as the thread.
+        os.close(committer.ring_r)
+        os.close(committer.ring_w)
 
 
 def _until_idle(committer: PipeCommitter) -> None:
