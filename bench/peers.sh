@@ -11,6 +11,12 @@
 #          PEER_TIMEOUT     seconds per peer run before `timeout` stops it (default 1500)
 #          TASKHOSTER_ARGS  more options for bench/peer_taskhoster.py (e.g. "--no-fsync")
 #          PEERS_DIR        the shared benchmark (default ../shared/peers from the repository)
+#          BENCH_IMAGE=ext4|xfs  run every peer on a fresh filesystem of that kind (ext4: with
+#            its journal, as production runs it), made in a BENCH_IMAGE_MB (8192) MiB file
+#            under BENCH_IMAGE_DIR (/var/tmp) and mounted through a loop device (root); it
+#            becomes BENCH_DATA, and is unmounted and removed at the end
+#          FLUSH_ROUNDS     rounds of bench/flushcost.py, run in the data dir (so on the
+#            peers' filesystem) before and after the peers (default 200; 0: not run)
 # Sets up what ../shared/peers/run_all.sh sets up (/tmp/peers-venv, beanstalkd, redis-server),
 # then runs the peers interleaved (round 1: every peer, round 2: every peer, ...), each under
 # `timeout -k 30`, and prints the shared report's table. Ctrl-C or SIGTERM stops the peer that
@@ -47,7 +53,45 @@ ALL=(
 )
 SEL="${PEERS:-}"
 mkdir -p "$RES"
-rm -f "$RES"/*.json "$RES"/*.log
+rm -f "$RES"/*.json "$RES"/*.log "$RES"/flushcost-*.txt
+
+# ---- the filesystem the peers run on ----------------------------------------------------
+IMAGE=""
+MOUNTED=""
+unmount_image() {
+  if [ -n "$MOUNTED" ]; then
+    umount "$MOUNTED" 2>/dev/null || umount -l "$MOUNTED" 2>/dev/null || true
+    rmdir "$MOUNTED" 2>/dev/null || true
+  fi
+  if [ -n "$IMAGE" ]; then rm -f "$IMAGE"; fi
+  MOUNTED=""
+  IMAGE=""
+}
+trap unmount_image EXIT
+if [ -n "${BENCH_IMAGE:-}" ]; then
+  case "$BENCH_IMAGE" in
+    ext4) MKFS=(mkfs.ext4 -q -F) ;;
+    xfs) MKFS=(mkfs.xfs -q -f) ;;
+    *) echo "BENCH_IMAGE must be ext4 or xfs, not $BENCH_IMAGE" >&2; exit 2 ;;
+  esac
+  IMAGE_DIR="${BENCH_IMAGE_DIR:-/var/tmp}"
+  IMAGE="$(mktemp -p "$IMAGE_DIR" "peers-$BENCH_IMAGE-XXXXXX.img")"
+  truncate -s "${BENCH_IMAGE_MB:-8192}M" "$IMAGE"
+  "${MKFS[@]}" "$IMAGE"
+  MOUNTED="$(mktemp -d -p "$IMAGE_DIR" "peers-$BENCH_IMAGE-mnt-XXXXXX")"
+  mount -o loop "$IMAGE" "$MOUNTED"
+  export BENCH_DATA="$MOUNTED/peers-bench-data"
+fi
+DATA="${BENCH_DATA:-/tmp/peers-bench-data}"
+mkdir -p "$DATA"
+
+flushcost() { # the disk's own cost, on the peers' filesystem, in this run
+  if [ "${FLUSH_ROUNDS:-200}" -gt 0 ]; then
+    "$TPY" "$REPO/bench/flushcost.py" --tmpdir "$DATA" --rounds "${FLUSH_ROUNDS:-200}" \
+      --group-sizes "" >"$RES/flushcost-$1.txt" 2>&1 || echo "flushcost ($1) failed" >&2
+    sed -n '1,4p' "$RES/flushcost-$1.txt" >&2
+  fi
+}
 {
   echo "date: $(date -u +%FT%TZ)"
   echo "host: $(nproc) cpus, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
@@ -56,13 +100,19 @@ rm -f "$RES"/*.json "$RES"/*.log
   echo "sqlite: $("$PY" -c 'import sqlite3;print(sqlite3.sqlite_version)')"
   echo "redis: $(redis-server --version | awk '{print $3}'); beanstalkd: $(beanstalkd -v | awk '{print $2}')"
   echo "taskhoster: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?'); $("$TPY" -V)"
-  echo "data dir: ${BENCH_DATA:-/tmp/peers-bench-data} on $(df -T "${BENCH_DATA:-/tmp}" 2>/dev/null | awk 'NR==2{print $2}')"
+  echo "data dir: $DATA on $(df -T "$DATA" 2>/dev/null | awk 'NR==2{print $2}')${IMAGE:+ (an image on a loop device; $BENCH_IMAGE with its defaults)}"
   echo "rounds: $ROUNDS; N=${BENCH_N:-20000} W=${BENCH_W:-2}"
 } | tee "$RES/machine.txt"
 
 report() {
   echo
   "$PY" "$PEERS_DIR/report.py" "$RES" | tee "$RES/table.md"
+  for when in before after; do
+    if [ -f "$RES/flushcost-$when.txt" ]; then
+      echo "the disk's own flush, $when the peers ($RES/flushcost-$when.txt):"
+      sed -n '1,4p' "$RES/flushcost-$when.txt"
+    fi
+  done
 }
 
 CHILD=""
@@ -74,10 +124,12 @@ stop() {
   fi
   echo "stopped" >&2
   report
+  unmount_image
   exit 130
 }
 trap stop INT TERM
 
+flushcost before
 cd "$PEERS_DIR"
 for run in $(seq 1 "$ROUNDS"); do
   for entry in "${ALL[@]}"; do
@@ -94,4 +146,5 @@ for run in $(seq 1 "$ROUNDS"); do
   done
 done
 
+flushcost after
 report
