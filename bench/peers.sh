@@ -89,7 +89,7 @@ flushcost() { # the disk's own cost, on the peers' filesystem, in this run
   if [ "${FLUSH_ROUNDS:-200}" -gt 0 ]; then
     "$TPY" "$REPO/bench/flushcost.py" --tmpdir "$DATA" --rounds "${FLUSH_ROUNDS:-200}" \
       --group-sizes "" >"$RES/flushcost-$1.txt" 2>&1 || echo "flushcost ($1) failed" >&2
-    sed -n '1,4p' "$RES/flushcost-$1.txt" >&2
+    sed -n '1,5p' "$RES/flushcost-$1.txt" >&2
   fi
 }
 {
@@ -110,7 +110,7 @@ report() {
   for when in before after; do
     if [ -f "$RES/flushcost-$when.txt" ]; then
       echo "the disk's own flush, $when the peers ($RES/flushcost-$when.txt):"
-      sed -n '1,4p' "$RES/flushcost-$when.txt"
+      sed -n '1,5p' "$RES/flushcost-$when.txt"
     fi
   done
 }
