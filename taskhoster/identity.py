@@ -73,10 +73,10 @@ def _write_file(root: Path, identity: str) -> None:
 def _has_queues(root: Path) -> bool:
     """Whether the state root holds any queue's directory."""
     try:
-        return any(
-            entry.is_dir() and QUEUE_NAME_PATTERN.fullmatch(entry.name)
-            for entry in os.scandir(root)
-        )
+        with os.scandir(root) as entries:  # closed, though ``any`` stops at the first
+            return any(
+                entry.is_dir() and QUEUE_NAME_PATTERN.fullmatch(entry.name) for entry in entries
+            )
     except FileNotFoundError:
         return False
 

@@ -481,13 +481,14 @@ class StateStore:
         if not self.trash_dir.is_dir():
             return []
         found = []
-        for entry in os.scandir(self.trash_dir):
-            if not entry.name.endswith(UNLINK_LIST_SUFFIX) or not entry.is_file():
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                mtime = entry.stat().st_mtime
-                if older_than is None or mtime < older_than:
-                    found.append((mtime, Path(entry.path)))
+        with os.scandir(self.trash_dir) as entries:
+            for entry in entries:
+                if not entry.name.endswith(UNLINK_LIST_SUFFIX) or not entry.is_file():
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    mtime = entry.stat().st_mtime
+                    if older_than is None or mtime < older_than:
+                        found.append((mtime, Path(entry.path)))
         return [path for _mtime, path in sorted(found)]
 
     def listed_for_removal(self) -> set[tuple[str, str]]:
@@ -534,32 +535,37 @@ class StateStore:
     def queues(self) -> list[str]:
         if not self.root.is_dir():
             return []
-        return sorted(
-            entry.name
-            for entry in os.scandir(self.root)
-            if entry.is_dir(follow_symlinks=False) and QUEUE_NAME_PATTERN.fullmatch(entry.name)
-        )
+        with os.scandir(self.root) as entries:
+            return sorted(
+                entry.name
+                for entry in entries
+                if entry.is_dir(follow_symlinks=False) and QUEUE_NAME_PATTERN.fullmatch(entry.name)
+            )
 
     def scan(self, queue: str) -> Iterator[FoundFile]:
         for state in State:
             directory = self.state_dir(queue, state)
             if not directory.is_dir():
                 continue
-            for entry in os.scandir(directory):
-                name = entry.name
-                if not name.endswith(SUFFIX) or name.startswith("."):
-                    continue
-                item_id = name[: -len(SUFFIX)]
-                if ID_PATTERN.fullmatch(item_id):
-                    yield FoundFile(queue, state, item_id, Path(entry.path))
+            # (Closed when the caller stops early, too: the generator's close ends the
+            # ``with``.)
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    name = entry.name
+                    if not name.endswith(SUFFIX) or name.startswith("."):
+                        continue
+                    item_id = name[: -len(SUFFIX)]
+                    if ID_PATTERN.fullmatch(item_id):
+                        yield FoundFile(queue, state, item_id, Path(entry.path))
 
     def stale_temporaries(self, queue: str) -> Iterator[Path]:
         directories = [self.state_dir(queue, s) for s in State] + [self.queue_dir(queue)]
         for directory in directories:
             if directory.is_dir():
-                for entry in os.scandir(directory):
-                    if entry.name.endswith(TMP_SUFFIX):
-                        yield Path(entry.path)
+                with os.scandir(directory) as entries:
+                    for entry in entries:
+                        if entry.name.endswith(TMP_SUFFIX):
+                            yield Path(entry.path)
 
     def quarantine(self, path: Path) -> Path:
         """Move an unreadable file out of the way (kept for an operator to look at)."""

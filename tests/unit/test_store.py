@@ -445,3 +445,27 @@ def test_a_file_written_then_renamed_in_one_group_is_flushed_under_its_new_name(
     flushed = [path for kind, path in calls(store).calls if kind == "fsync"]
     assert str(store.item_path("q", State.PROCESSING, "a1")) in flushed
     assert str(store.item_path("q", State.PENDING, "a1")) not in flushed
+
+
+# -- directories read: closed however the reading ends ------------------------------------------
+# (An unclosed directory iterator warns when it is collected: under ``filterwarnings =
+# error`` that fails whichever test is running then. These fail without the ``with``.)
+
+
+def test_a_scan_stopped_after_its_first_file_leaves_no_directory_open(store: StateStore) -> None:
+    store.ensure_queue("q")
+    for item_id in ("a1", "a2", "a3"):
+        posted(store, "q", item_id)
+    scan = store.scan("q")
+    assert next(scan).item_id in {"a1", "a2", "a3"}
+    scan.close()
+
+
+def test_the_look_for_queues_stops_at_the_first_without_leaving_the_root_open(
+    tmp_path: Path,
+) -> None:
+    from taskhoster.identity import _has_queues
+
+    for name in ("q1", "q2", "q3"):
+        (tmp_path / name).mkdir()
+    assert _has_queues(tmp_path)
