@@ -28,7 +28,7 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -542,7 +542,7 @@ class StateStore:
                 if entry.is_dir(follow_symlinks=False) and QUEUE_NAME_PATTERN.fullmatch(entry.name)
             )
 
-    def scan(self, queue: str) -> Iterator[FoundFile]:
+    def scan(self, queue: str) -> Generator[FoundFile, None, None]:
         for state in State:
             directory = self.state_dir(queue, state)
             if not directory.is_dir():
@@ -558,7 +558,7 @@ class StateStore:
                     if ID_PATTERN.fullmatch(item_id):
                         yield FoundFile(queue, state, item_id, Path(entry.path))
 
-    def stale_temporaries(self, queue: str) -> Iterator[Path]:
+    def stale_temporaries(self, queue: str) -> Generator[Path, None, None]:
         directories = [self.state_dir(queue, s) for s in State] + [self.queue_dir(queue)]
         for directory in directories:
             if directory.is_dir():
