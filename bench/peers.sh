@@ -28,6 +28,12 @@ export PEERS_VENV="${PEERS_VENV:-/tmp/peers-venv}"
 PY="$PEERS_VENV/bin/python"
 TPY="$REPO/.venv/bin/python"
 ROUNDS="${1:-1}"
+FLUSH_ROUNDS="${FLUSH_ROUNDS:-200}"
+for pair in "ROUNDS=$ROUNDS" "FLUSH_ROUNDS=$FLUSH_ROUNDS"; do
+  case "${pair#*=}" in
+    '' | *[!0-9]*) echo "${pair%%=*} must be a whole number, not '${pair#*=}'" >&2; exit 2 ;;
+  esac
+done
 PEER_TIMEOUT="${PEER_TIMEOUT:-1500}"
 RES="${BENCH_OUT:-/tmp/peers-results-taskhoster}"
 export BENCH_OUT="$RES"
@@ -86,8 +92,8 @@ DATA="${BENCH_DATA:-/tmp/peers-bench-data}"
 mkdir -p "$DATA"
 
 flushcost() { # the disk's own cost, on the peers' filesystem, in this run
-  if [ "${FLUSH_ROUNDS:-200}" -gt 0 ]; then
-    "$TPY" "$REPO/bench/flushcost.py" --tmpdir "$DATA" --rounds "${FLUSH_ROUNDS:-200}" \
+  if [ "$FLUSH_ROUNDS" -gt 0 ]; then
+    "$TPY" "$REPO/bench/flushcost.py" --tmpdir "$DATA" --rounds "$FLUSH_ROUNDS" \
       --group-sizes "" >"$RES/flushcost-$1.txt" 2>&1 || echo "flushcost ($1) failed" >&2
     sed -n '1,5p' "$RES/flushcost-$1.txt" >&2
   fi
