@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import subprocess
 import sys
@@ -28,6 +29,7 @@ import pytest
 
 from taskhoster import engine
 from taskhoster.client import Producer
+from taskhoster.engine.process import PIPE_BYTES
 from taskhoster.models import Item
 
 from ..conftest import Server, free_port
@@ -154,6 +156,26 @@ def test_a_post_bigger_than_the_committers_pipe_does_not_hold_the_event_loop_whi
         assert stalled.join().status_code == 201
         assert bigger.join().status_code == 201, bigger.join().text
     assert Item.objects.count() == 5
+
+
+def test_the_committer_process_reads_a_pipe_that_holds_a_mebibyte(server_factory, headers):
+    """The pipe to a committer process is widened to ``PIPE_BYTES`` (Linux's default is
+    64 KiB), so a batch's frame handed in while a group runs goes over in one write and one
+    read, not piece by piece through the outbox. Read off the live process: its standard
+    input, opened again through ``/proc``, reports the pipe's size."""
+    engine.upsert_queue(name="q", body={})
+    server = server_factory()
+    pid = httpx.get(f"{server.url}/healthz", headers=headers).json()["pid"]
+    children = children_of(pid)
+    assert len(children) == 1, children
+    with open("/proc/sys/fs/pipe-max-size") as limit:
+        expected = min(PIPE_BYTES, int(limit.read()))
+    fd = os.open(f"/proc/{children[0]}/fd/0", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        assert fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) == expected
+    finally:
+        os.close(fd)
+    assert expected > 64 * 1024, "this machine's limit leaves the pipe at Linux's default"
 
 
 def test_a_server_whose_committer_is_starting_is_not_ready_and_refuses_no_post_as_overload(
