@@ -165,6 +165,7 @@ TASKHOSTER = {
     "ROOT": os.environ.get("TASKHOSTER_ROOT") or str(VAR_DIR / "state"),
     "FSYNC": _env_flag("TASKHOSTER_FSYNC", True),
     "COMMITTER": os.environ.get("TASKHOSTER_COMMITTER", "process"),
+    "FLUSH": os.environ.get("TASKHOSTER_FLUSH", "auto"),
     "MAX_PAYLOAD_BYTES": int(os.environ.get("TASKHOSTER_MAX_PAYLOAD_BYTES", 1024 * 1024)),
     "REDIS_URL": os.environ.get("REDIS_URL", ""),
     "SOCKET_BACKSTOP_SECONDS": float(os.environ.get("TASKHOSTER_SOCKET_BACKSTOP_SECONDS", 5)),

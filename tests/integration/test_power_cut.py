@@ -565,7 +565,9 @@ def run_on(acks: Acknowledged, what: StateName) -> None:
 # Some 70 s a mode on PostgreSQL here (each state is repaired into an empty database and
 # drained), more on a slower machine: bounded by the count of states, not by this clock.
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("flush", ["syncfs", "fsync"])
+# "auto": syncfs for a group of several files, the fsyncs for a group of one (as a journaled
+# ext4 measures it), the two barriers mixed in one workload.
+@pytest.mark.parametrize("flush", ["syncfs", "fsync", "auto"])
 def test_no_power_cut_loses_an_acknowledged_post_or_undoes_a_verdict_or_a_delete(
     flush: str,
     settings: Any,
@@ -586,6 +588,8 @@ def test_no_power_cut_loses_an_acknowledged_post_or_undoes_a_verdict_or_a_delete
     shutil.copytree(state_root, base)
     trace = Trace(root=the_store().root)
     monkeypatch.setattr(the_store(), "sys", RecordingSyscalls(trace))
+    if flush == "auto":
+        monkeypatch.setattr(the_store(), "one_file_way", "fsync")
     record_acks(trace, monkeypatch)
     # A group removing three files or more lists them (the list path of a large delete).
     monkeypatch.setattr(store_module, "DEFER_UNLINKS_AT", 3)
@@ -604,6 +608,8 @@ def test_no_power_cut_loses_an_acknowledged_post_or_undoes_a_verdict_or_a_delete
         "ack-schedule",
     }
     assert kinds >= {"create", "append", "rename", "unlink", "mkdir", "rmdir"}
+    if flush == "auto":
+        assert kinds >= {"barrier", "fsync", "fsync-dir"}, "both ways, in one workload"
 
     # Each state is written out in memory where there is a tmpfs (a disk's metadata writes
     # cost more than the check).

@@ -8,6 +8,7 @@ Plain files under ``tmp_path``; no database. The store's syscalls are recorded b
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from taskhoster import store as store_module
 from taskhoster.errors import StoreError
 from taskhoster.status import State
 from taskhoster.store import FileMissing, StateStore, Syscalls, decode, encode_line
@@ -261,6 +263,76 @@ def test_fsync_mode_flushes_every_written_file_and_touched_directory(tmp_path: P
     assert str(store.item_path("q", State.DONE, "a1")) in flushed
     assert str(store.state_dir("q", State.DONE)) in flushed
     assert str(store.state_dir("q", State.PENDING)) in flushed
+
+
+def test_auto_flushes_a_group_of_one_file_the_way_measured_cheaper_and_more_with_syncfs(
+    tmp_path: Path,
+) -> None:
+    """``FLUSH = "auto"``: a group that wrote one file (a lone post, a lone result) is
+    flushed the way ``one_file_flush`` found cheaper for one file; a group that wrote two
+    files or more with one ``syncfs``, whatever was measured."""
+    store = StateStore(tmp_path / "root", fsync=True, flush="auto")
+    store.sys = Recorder()
+    store.ensure_queue("q")
+    for way, other in (("fsync", "syncfs"), ("syncfs", "fsync")):
+        store.one_file_way = way
+        calls(store).calls.clear()
+        batch = store.batch()
+        batch.create("q", f"lone-{way}", encode_line(record(f"lone-{way}")))
+        batch.flush()
+        assert way in calls(store).kinds()
+        assert other not in calls(store).kinds()
+        if way == "fsync":
+            flushed = [path for kind, path in calls(store).calls if kind == "fsync"]
+            assert flushed == [
+                str(store.item_path("q", State.PENDING, f"lone-{way}")),
+                str(store.state_dir("q", State.PENDING)),
+            ]
+        calls(store).calls.clear()
+        batch = store.batch()
+        for n in range(2):
+            batch.create("q", f"pair-{way}-{n}", encode_line(record(f"pair-{way}-{n}")))
+        batch.flush()
+        assert calls(store).kinds()[-1] == "syncfs"
+        assert "fsync" not in calls(store).kinds()
+
+
+def test_auto_measures_the_flush_of_one_file_once_on_the_roots_filesystem_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """The measurement runs at the first group of one file, in a probe directory under the
+    root that is no queue and is gone afterwards; its answer is kept, so the second group
+    measures nothing. A probe a crash left over an hour ago is removed; a fresh one (another
+    process measuring now) is not."""
+    store = StateStore(tmp_path / "root", fsync=True, flush="auto")
+    store.ensure_queue("q")
+    stale = store.root / f"{store_module.FLUSH_PROBE}1-dead"
+    stale.mkdir()
+    (stale / "fsync-0.json").write_bytes(b"{}\n")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    fresh = store.root / f"{store_module.FLUSH_PROBE}2-busy"
+    fresh.mkdir()
+    store.sys = Recorder()
+    assert store.one_file_way is None
+    batch = store.batch()
+    batch.create("q", "a1", encode_line(record("a1")))
+    batch.flush()
+    way = store.one_file_way
+    assert way in ("fsync", "syncfs")
+    assert way in calls(store).kinds(), "the lone group was flushed the way measured"
+    assert sorted(p.name for p in store.root.iterdir() if p.name.startswith(".flush")) == [
+        fresh.name
+    ]
+    assert store.queues() == ["q"]
+    store.one_file_way = None
+    assert store.one_file_flush() in ("fsync", "syncfs")
+    store.one_file_way = "measured"
+    assert store.one_file_flush() == "measured", "measured once, then kept"
+
+
+def test_a_store_refuses_a_flush_way_it_does_not_know(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="flush must be one of"):
+        StateStore(tmp_path / "root", flush="sync")
 
 
 def test_with_fsync_off_nothing_is_flushed(tmp_path: Path) -> None:
