@@ -668,7 +668,8 @@ class StateStore:
         """(per file, syncfs): the median seconds to make one new file durable each way,
         in a directory of its own under the root (not an item's: the syscalls are the
         disk's, not the store's, and none is recorded). A probe a crash left is removed by
-        the next measurement."""
+        a later measurement once it is an hour old (a younger one may be another process's,
+        measuring now)."""
         self.root.mkdir(parents=True, exist_ok=True)
         with os.scandir(self.root) as entries:
             stale = [e.path for e in entries if e.name.startswith(FLUSH_PROBE)]
