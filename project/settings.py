@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from pathlib import Path
@@ -27,12 +28,25 @@ def _secret_key() -> str:
     try:
         return path.read_text().strip()
     except FileNotFoundError:
+        pass
+    except OSError:
+        return secrets.token_urlsafe(50)
+    # The first start makes it. Several processes may start at once (two test runs side by
+    # side, the processes of serve-many): the key is written whole to a file of this
+    # process's own, then linked into place, which only one of them does; the others read
+    # the one that won, never a file half written.
+    try:
         VAR_DIR.mkdir(parents=True, exist_ok=True)
-        key = secrets.token_urlsafe(50)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(key)
-        return key
+        tmp = VAR_DIR / f".secret_key.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_urlsafe(50))
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+        finally:
+            tmp.unlink()
+        return path.read_text().strip()
     except OSError:
         return secrets.token_urlsafe(50)
 
