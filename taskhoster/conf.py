@@ -154,8 +154,8 @@ class Conf:
         "auto",
         "How a group's files are made durable: syncfs (one call for the whole filesystem; "
         "Linux, else fsync is used), fsync (each written file and each touched directory), "
-        "or auto: syncfs, but a group that wrote one file the way a measurement on the "
-        "filesystem found cheaper for one file.",
+        "or auto: syncfs, but a group that wrote one file and touched two directories at "
+        "most the way a measurement on the filesystem found cheaper for one file.",
         choices=("auto", "syncfs", "fsync"),
     )
     committer = Setting(

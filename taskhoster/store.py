@@ -11,8 +11,9 @@ Linux, creating an inode costs far more than appending to one or renaming it.
 
 Durability comes from one barrier per group (``FileBatch.flush``): ``syncfs`` where Linux
 offers it, else an fsync of every written file and touched directory; with ``FLUSH = "auto"``
-(the default) a group that wrote one file takes whichever of the two a measurement on this
-filesystem found cheaper for one file (``StateStore.one_file_flush``). Before the barrier a
+(the default) a group that wrote one file and touched two directories at most takes
+whichever of the two a measurement on this filesystem found cheaper for one file
+(``StateStore.one_file_flush``). Before the barrier a
 power cut may leave any subset of the group's writes, renames and unlinks; ``read`` ignores a
 torn last line, and ``repair`` puts a file whose last line disagrees with its directory where
 that line says, so nothing acknowledged (acknowledged only after the barrier) is undone.
@@ -33,6 +34,7 @@ import re
 import secrets
 import shutil
 import statistics
+import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -272,6 +274,7 @@ class StateStore:
         # With "auto": how a group that wrote one file is flushed ("fsync" or "syncfs"),
         # measured at the first such group (``one_file_flush``).
         self.one_file_way: str | None = None
+        self._measuring = threading.Lock()
         self.sys = Syscalls()
         self._queue_paths: dict[str, str] = {}
 
@@ -622,16 +625,46 @@ class StateStore:
             if way == "syncfs":
                 self.sys.syncfs(str(self.root))
                 return
+            moved_to: set[str] = set()
             for path in sorted(written):
-                with contextlib.suppress(FileNotFoundError):
-                    self.sys.fsync(path)
+                self._fsync_file(path, moved_to)
             crash_point("barrier.after_files")
-            for directory in sorted(directories):
+            for directory in sorted(directories | moved_to):
                 with contextlib.suppress(FileNotFoundError):
                     self.sys.fsync(directory)
                 crash_point("barrier.after_directory")
         except OSError as exc:
             raise StoreError(f"could not flush item files: {exc}") from exc
+
+    def _fsync_file(self, path: str, moved_to: set[str]) -> None:
+        """Flush a written file's data, wherever it is now. Between a group's commit and its
+        flush another process may move the file on (a server process's claim takes a post's
+        file from ``pending/`` the moment its news comes): its data is then flushed under
+        its new name, and that directory is added to ``moved_to``, to be flushed too. A file
+        that is nowhere was removed: nothing of it is left to keep."""
+        for _attempt in range(len(State) + 1):
+            try:
+                self.sys.fsync(path)
+                return
+            except FileNotFoundError:
+                found = self._moved(path)
+                if found is None:
+                    return
+                path = found
+                moved_to.add(os.path.dirname(found))
+
+    @staticmethod
+    def _moved(path: str) -> str | None:
+        """The same item file in another state's directory of its queue, if it is there."""
+        directory, name = os.path.split(path)
+        queue_dir, state = os.path.split(directory)
+        if state not in _DIRECTORY.values() or not name.endswith(SUFFIX):
+            return None
+        for other in _DIRECTORY.values():
+            candidate = f"{queue_dir}/{other}/{name}"
+            if other != state and os.path.exists(candidate):
+                return candidate
+        return None
 
     def one_file_flush(self) -> str:
         """How this filesystem makes one new file durable sooner, an ``fsync`` of the file
@@ -642,27 +675,35 @@ class StateStore:
         ``syncfs`` costs about half again as much for one file, on an ext4 without a journal
         about half as much, and on XFS the two are even (``bench/flushcost.py``). From two
         files on, one ``syncfs`` is the cheaper everywhere measured, so only a group that
-        wrote one file asks. The measurement is some 20 ms, once: both ways in turn,
+        wrote one file at most and touched two directories at most asks (a lone post, a
+        lone result, a single delete). The measurement is some 20 ms, once: both ways in turn,
         ``FLUSH_PROBE_ROUNDS`` times, the medians compared. Either way makes the group's
         files durable, so the choice is only one of speed."""
-        if self.one_file_way is None:
-            try:
-                per_file, whole = self._measure_one_file_flush()
-            except OSError as exc:
-                log.warning("could not measure the flush of one file (%s): syncfs it is", exc)
-                self.one_file_way = "syncfs"
-            else:
-                self.one_file_way = "fsync" if per_file < whole else "syncfs"
-                log.info(
-                    "a group that wrote one file is flushed by %s on %s (one file: fsync of "
-                    "it and its directory %.0f µs, syncfs %.0f µs, medians of %d)",
-                    self.one_file_way,
-                    self.root,
-                    per_file * 1e6,
-                    whole * 1e6,
-                    FLUSH_PROBE_ROUNDS,
-                )
-        return self.one_file_way
+        way = self.one_file_way
+        if way is None:
+            with self._measuring:  # (the committer and a reclaiming thread may both ask)
+                if self.one_file_way is None:
+                    self.one_file_way = self._choose_one_file_way()
+                way = self.one_file_way
+        return way
+
+    def _choose_one_file_way(self) -> str:
+        try:
+            per_file, whole = self._measure_one_file_flush()
+        except OSError as exc:
+            log.warning("could not measure the flush of one file (%s): syncfs it is", exc)
+            return "syncfs"
+        way = "fsync" if per_file < whole else "syncfs"
+        log.info(
+            "a group that wrote one file is flushed by %s on %s (one file: fsync of it and "
+            "its directory %.0f µs, syncfs %.0f µs, medians of %d)",
+            way,
+            self.root,
+            per_file * 1e6,
+            whole * 1e6,
+            FLUSH_PROBE_ROUNDS,
+        )
+        return way
 
     def _measure_one_file_flush(self) -> tuple[float, float]:
         """(per file, syncfs): the median seconds to make one new file durable each way,

@@ -330,6 +330,30 @@ def test_auto_measures_the_flush_of_one_file_once_on_the_roots_filesystem_and_le
     assert store.one_file_flush() == "measured", "measured once, then kept"
 
 
+@pytest.mark.parametrize("flush", ["fsync", "auto"])
+def test_a_post_moved_on_by_another_process_before_its_flush_is_flushed_where_it_is(
+    tmp_path: Path, flush: str
+) -> None:
+    """Between a post's commit and its group's flush, another server process's claim may
+    take the file to ``processing/`` (the news goes out at the commit). A flush file by file
+    must then flush the data under its new name, and that directory, not skip the file it
+    no longer finds; otherwise the post is answered with its data never flushed."""
+    store = StateStore(tmp_path / "root", fsync=True, flush=flush)
+    store.one_file_way = "fsync"
+    store.sys = Recorder()
+    store.ensure_queue("q")
+    posting = store.batch()
+    posting.create("q", "a1", encode_line(record("a1")))
+    claiming = StateStore(tmp_path / "root", fsync=True).batch()  # the other process's
+    assert claiming.take("q", "a1", State.PENDING, State.PROCESSING)
+    calls(store).calls.clear()
+    posting.flush()
+    flushed = [path for kind, path in calls(store).calls if kind == "fsync"]
+    assert str(store.item_path("q", State.PROCESSING, "a1")) in flushed
+    assert str(store.state_dir("q", State.PROCESSING)) in flushed
+    assert str(store.state_dir("q", State.PENDING)) in flushed
+
+
 def test_a_store_refuses_a_flush_way_it_does_not_know(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="flush must be one of"):
         StateStore(tmp_path / "root", flush="sync")
