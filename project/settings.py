@@ -26,15 +26,18 @@ def _secret_key() -> str:
         return key
     path = VAR_DIR / "secret_key"
     try:
-        return path.read_text().strip()
+        key = path.read_text().strip()
     except FileNotFoundError:
-        pass
+        key = ""
     except OSError:
         return secrets.token_urlsafe(50)
-    # The first start makes it. Several processes may start at once (two test runs side by
-    # side, the processes of serve-many): the key is written whole to a file of this
-    # process's own, then linked into place, which only one of them does; the others read
-    # the one that won, never a file half written.
+    if key:
+        return key
+    # The first start makes it (or replaces an empty one a power cut left). Several
+    # processes may start at once (two test runs side by side, the processes of serve-many):
+    # the key is written whole and flushed in a file of this process's own, then linked into
+    # place, which only one of them does; the others read the one that won, never a file
+    # half written.
     try:
         VAR_DIR.mkdir(parents=True, exist_ok=True)
         tmp = VAR_DIR / f".secret_key.{os.getpid()}.{secrets.token_hex(4)}"
@@ -42,10 +45,23 @@ def _secret_key() -> str:
         try:
             with os.fdopen(fd, "w") as handle:
                 handle.write(secrets.token_urlsafe(50))
-            with contextlib.suppress(FileExistsError):
+                handle.flush()
+                os.fsync(handle.fileno())
+            try:
                 os.link(tmp, path)
+            except FileExistsError:
+                if not path.read_text().strip():  # empty: a power cut's leftover
+                    os.replace(tmp, path)
+            except OSError:  # a filesystem without hard links
+                os.replace(tmp, path)
         finally:
-            tmp.unlink()
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        dir_fd = os.open(VAR_DIR, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
         return path.read_text().strip()
     except OSError:
         return secrets.token_urlsafe(50)

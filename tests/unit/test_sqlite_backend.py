@@ -50,8 +50,8 @@ def rows_in_the_main_file(path: Path, scratch: Path) -> int:
     with contextlib.closing(sqlite3.connect(copy)) as db:
         try:
             return int(db.execute("SELECT count(*) FROM t").fetchone()[0])
-        except sqlite3.OperationalError:  # the table itself not checkpointed yet
-            return 0
+        except sqlite3.DatabaseError:  # the table not checkpointed yet, or a copy taken
+            return 0  # while the checkpoint wrote the file (looked at again)
 
 
 def commit_rows(connection: Any, count: int) -> None:
