@@ -653,18 +653,15 @@ class StateStore:
                 path = found
                 moved_to.add(os.path.dirname(found))
 
-    @staticmethod
-    def _moved(path: str) -> str | None:
-        """The same item file in another state's directory of its queue, if it is there."""
+    def _moved(self, path: str) -> str | None:
+        """Where the item file written at ``path`` is now (``locate``), if it is anywhere."""
         directory, name = os.path.split(path)
-        queue_dir, state = os.path.split(directory)
-        if state not in _DIRECTORY.values() or not name.endswith(SUFFIX):
-            return None
-        for other in _DIRECTORY.values():
-            candidate = f"{queue_dir}/{other}/{name}"
-            if other != state and os.path.exists(candidate):
-                return candidate
-        return None
+        queue_dir, state_name = os.path.split(directory)
+        if state_name not in _DIRECTORY.values() or not name.endswith(SUFFIX):
+            return None  # not an item's file (a list of files to remove)
+        queue, item_id = os.path.basename(queue_dir), name[: -len(SUFFIX)]
+        found = self.locate(queue, item_id, State(state_name))
+        return None if found is None else self.item_file(queue, found, item_id)
 
     def one_file_flush(self) -> str:
         """How this filesystem makes one new file durable sooner, an ``fsync`` of the file

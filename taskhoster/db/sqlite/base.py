@@ -52,6 +52,8 @@ class _Checkpointer:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        # Read-write, never create: a database removed meanwhile stays removed.
+        self.uri = f"{Path(path).resolve().as_uri()}?mode=rw"
         self.wake = threading.Event()
         threading.Thread(target=self._loop, name="taskhoster-checkpoint", daemon=True).start()
 
@@ -65,9 +67,7 @@ class _Checkpointer:
             time.sleep(CHECKPOINT_DELAY_SECONDS)
             self.wake.clear()
             try:
-                # (Read-write, never create: a database removed meanwhile stays removed.)
-                uri = f"{Path(self.path).resolve().as_uri()}?mode=rw"
-                with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=0)) as db:
+                with contextlib.closing(sqlite3.connect(self.uri, uri=True, timeout=0)) as db:
                     db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
             except sqlite3.Error as exc:  # busy, or the file went (a test database)
                 log.debug("checkpoint of %s: %s", self.path, exc)
