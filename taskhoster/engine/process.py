@@ -461,10 +461,6 @@ class PipeCommitter(runner.Committer):
     def _ended(self) -> bool:
         return self.closed and not self.queue
 
-    def _more_waiting(self) -> bool:
-        self._pull(0.0)  # what has arrived on the pipe meanwhile counts too
-        return len(self.queue) >= runner.HANDOFF_AT
-
     def _wait(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         had = len(self.queue)

@@ -5,11 +5,7 @@ an operation to ``committer.execute`` or ``committer.execute_async``. The commit
 (here, in the server process or in a committer process of its own) takes everything
 queued, runs it as one group (``group.Group``: one transaction), makes the group's files
 durable with one barrier after the commit (so the database's write lock is not held across
-it), and answers each caller. Whatever arrives while a group runs joins the next one. When
-operations are already waiting, the barrier and the answers behind it run on a thread of
-their own (``Flusher``) while the committer runs the next group: a disk's flush and a
-group's CPU overlap, and a post's claim reaches its worker without waiting for the post's
-flush.
+it), and answers each caller. Whatever arrives while a group runs joins the next one.
 Nothing waits on a timer: a lone operation is committed at once (latency); under load, a
 crowd shares one transaction and one flush (throughput).
 
@@ -47,7 +43,6 @@ from ..conf import get_conf
 from ..errors import StoreError, TaskhosterError
 from ..faults import GATHER, fault, slow_seconds
 from ..osthread import name_os_thread
-from ..store import FileBatch
 from . import pacing, reclaim
 from .common import store
 from .group import Group
@@ -59,11 +54,6 @@ MAX_GROUP_ITEMS = 2000
 IDLE_SECONDS = 0.5  # idle this long: write out the metrics counted so far
 IDLE_CLOSE_ROUNDS = 4  # idle this many times over: give the database connection back
 COUNT_SHARDS = 16
-# A group's flush runs beside the next group (``Flusher``) when this many operations wait for
-# it: a crowd (a drain's results and claims). Fewer (a post and the claim its news woke) wait
-# for the flush as before: measured, handing those over too made the drain no faster and
-# the producer's answer later (docs/performance.md, 2026-12-05, second session).
-HANDOFF_AT = 4
 
 
 # Operations answered at the commit: they need nothing durable (a claim may be repeated
@@ -92,10 +82,8 @@ def _refused_root() -> TaskhosterError | None:
     return None
 
 
-def run_group(ops: list[Op[Any]], shard: int, handoff: Callable[[], bool] | None = None) -> None:
-    """Run ``ops`` as one group and answer them; never raises. ``handoff``: the committer
-    asks whether more operations wait for it; if so, the group's flush and the answers
-    behind it go to the ``Flusher`` and the committer goes on to the next group."""
+def run_group(ops: list[Op[Any]], shard: int) -> None:
+    """Run ``ops`` as one group and answer them; never raises."""
     if not all(op.background for op in ops):
         pacing.mark_foreground()
     taken = _refused_root()
@@ -147,88 +135,15 @@ def run_group(ops: list[Op[Any]], shard: int, handoff: Callable[[], bool] | None
         now = [isinstance(op, ANSWERED_AT_COMMIT) or not ok for op, ok, _value in outcomes]
         answer([o for o, at_commit in zip(outcomes, now, strict=True) if at_commit])
         after_flush = [o for o, at_commit in zip(outcomes, now, strict=True) if not at_commit]
-        # The group before this one may still be flushing (``Flusher``): flushes, and the
-        # answers behind them, keep the order of the commits.
-        flusher.idle()
-        if handoff is not None and handoff():
-            flusher.hand(group.files, after_flush)
+        try:
+            group.files.flush()
+        except TaskhosterError as exc:
+            after_flush = _flush_failed(after_flush, exc)
         else:
-            _flush_and_answer(group.files, after_flush)
+            if group.files.deferred:
+                reclaim.later(group.files.deferred)
+        answer(after_flush)
         return
-
-
-def _flush_and_answer(files: FileBatch, after_flush: list[tuple[Op[Any], bool, Any]]) -> None:
-    """Make the group's files durable, then answer what waited for that."""
-    try:
-        files.flush()
-    except TaskhosterError as exc:
-        after_flush = _flush_failed(after_flush, exc)
-    else:
-        if files.deferred:
-            reclaim.later(files.deferred)
-    answer(after_flush)
-
-
-class Flusher:
-    """Flushes a group's files on a thread of its own while the committer runs the next
-    group, then answers the group's operations that waited for the flush.
-
-    The committer hands a group here only when more operations wait for it: a lone
-    operation (a producer's one post, with nothing else to do) is flushed and answered by
-    the committer itself, without a hop to another thread. One group at most is here at a
-    time: the committer waits for it to be flushed before it flushes or hands over the next
-    one (``idle``), so flushes and their answers keep the order of the commits, and a disk
-    that stalls stalls the committer, whose backlog then turns new work away (admission),
-    as when it flushed every group itself.
-
-    What the next group does meanwhile is what another process's group may do between a
-    commit and its flush: it reads the committed rows, and may move a file of this group
-    (a claim takes a post's file from ``pending/``; the barrier flushes a moved file where
-    it is now). Nothing it acknowledges at its own flush can come before this one's."""
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.waiting: tuple[FileBatch, list[tuple[Op[Any], bool, Any]]] | None = None
-        self.thread: threading.Thread | None = None
-
-    def hand(self, files: FileBatch, after_flush: list[tuple[Op[Any], bool, Any]]) -> None:
-        """Flush ``files`` and answer ``after_flush`` on the flusher's thread (``idle``
-        first)."""
-        with self.cond:
-            assert self.waiting is None, "one group at a time"
-            if self.thread is None or not self.thread.is_alive():
-                self.thread = threading.Thread(
-                    target=self._loop, name="taskhoster-flusher", daemon=True
-                )
-                self.thread.start()
-            self.waiting = (files, after_flush)
-            self.cond.notify_all()
-
-    def idle(self) -> None:
-        """Wait until the group handed here, if any, is flushed and answered."""
-        with self.cond:
-            while self.waiting is not None:
-                self.cond.wait()
-
-    def _loop(self) -> None:
-        name_os_thread()
-        while True:
-            with self.cond:
-                while self.waiting is None:
-                    self.cond.wait()
-                files, after_flush = self.waiting
-            try:
-                _flush_and_answer(files, after_flush)
-            except BaseException:  # keep the flusher alive; its group hears why
-                log.exception("the flusher failed on a group")
-                _fail_all([op for op, _ok, _value in after_flush], RuntimeError("flush failed"))
-            finally:
-                with self.cond:
-                    self.waiting = None
-                    self.cond.notify_all()
-
-
-flusher = Flusher()
 
 
 def _flush_failed(
@@ -348,11 +263,6 @@ class Committer:
         """Whether nothing more can be handed in and the loop may end (a thread: never)."""
         return False
 
-    def _more_waiting(self) -> bool:
-        """Whether a crowd of operations waits for the next group (the last one's flush then
-        runs beside it: ``Flusher``)."""
-        return len(self.queue) >= HANDOFF_AT
-
     def _take(self) -> list[Op[Any]] | None:
         with self.cond:
             if not self.queue:
@@ -382,7 +292,6 @@ class Committer:
             group = self._take()
             if group is None:
                 if self._ended():
-                    flusher.idle()  # the last group's answers go out before the loop ends
                     return
                 idle += 1
                 try:
@@ -400,7 +309,7 @@ class Committer:
             if fault("committer.slow_group"):
                 time.sleep(slow_seconds())  # a test's stand-in for a disk that stalls
             try:
-                run_group(group, self.shard, handoff=self._more_waiting)
+                run_group(group, self.shard)
                 metrics.count_group(len(group), time.perf_counter() - started)
             except BaseException:  # run_group never raises; keep the committer alive anyway
                 log.exception("the committer failed on a group")
