@@ -673,7 +673,8 @@ class StateStore:
         about half as much, and on XFS the two are even (``bench/flushcost.py``). From two
         files on, one ``syncfs`` is the cheaper everywhere measured, so only a group that
         wrote one file at most and touched two directories at most asks (a lone post, a
-        lone result, a single delete). The measurement is some 20 ms, once: both ways in turn,
+        lone result, a single delete). The measurement is some 20 ms, once (a committer process
+        makes it as it starts: ``runner.measure_flush_ahead``): both ways in turn,
         ``FLUSH_PROBE_ROUNDS`` times, the medians compared. Either way makes the group's
         files durable, so the choice is only one of speed."""
         way = self.one_file_way

@@ -537,6 +537,7 @@ def run_child() -> None:
     admission.register(committer)  # this process's committer (``foreground_waiting``)
     if fault("committer.slow_start"):  # tests: a start as slow as on a loaded machine
         time.sleep(slow_seconds())
+    runner.measure_flush_ahead()  # not in the way of the first post
     send("ready", os.getpid())  # the server's /healthz: ready from now on
     # Until the server closes the pipe (it is exiting; if it died, so do we) and what it
     # handed in is answered; then write the metrics counted since the last flush, and go.
