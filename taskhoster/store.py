@@ -272,7 +272,8 @@ class StateStore:
         if flush != "fsync" and (_syncfs is None or not _syncfs_reaches_storage(self.root)):
             self.flush_mode = "fsync"
         # With "auto": how a group that wrote one file is flushed ("fsync" or "syncfs"),
-        # measured at the first such group (``one_file_flush``).
+        # measured once (``one_file_flush``): as a committer process starts, or at the first
+        # such group.
         self.one_file_way: str | None = None
         self._measuring = threading.Lock()
         self.sys = Syscalls()

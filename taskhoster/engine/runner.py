@@ -167,13 +167,15 @@ def measure_flush_ahead() -> None:
     durable sooner (``StateStore.one_file_flush``: some 20 ms, once), so that the first lone
     post after a start does not wait for it. Only into a state root this process may write
     to (``_refused_root``); otherwise (a database away, a root not yet made) the first group
-    that needs it measures, as it would have."""
-    conf = get_conf()
-    if not conf.fsync or conf.flush != "auto":
-        return
+    that needs it measures, as it would have. Not where the store flushes file by file
+    whatever the setting (no ``syncfs``, or a FUSE filesystem that drops it): no group asks
+    there."""
     try:
-        if _refused_root() is None and conf.root in _bound:
-            store().one_file_flush()
+        st = store()
+        if not st.fsync or st.flush_mode != "auto":
+            return
+        if _refused_root() is None and st.root in _bound:
+            st.one_file_flush()
     except Exception as exc:  # never in the way of a start: the first group measures then
         log.warning("could not measure the flush of one file ahead: %s", exc)
 
