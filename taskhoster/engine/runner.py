@@ -174,7 +174,7 @@ def measure_flush_ahead() -> None:
         st = store()
         if not st.fsync or st.flush_mode != "auto":
             return
-        if _refused_root() is None and st.root in _bound:
+        if _refused_root() is None and get_conf().root in _bound:  # as the setting says it
             st.one_file_flush()
     except Exception as exc:  # never in the way of a start: the first group measures then
         log.warning("could not measure the flush of one file ahead: %s", exc)

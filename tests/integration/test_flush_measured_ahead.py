@@ -74,3 +74,15 @@ def test_no_flush_is_measured_ahead_where_the_store_flushes_file_by_file_anyway(
     assert store().flush_mode == "fsync"
     runner.measure_flush_ahead()
     assert store().one_file_way is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_flush_of_one_file_is_measured_ahead_in_a_state_root_given_relative(
+    settings, state_root, monkeypatch
+):
+    """As the default (``var/state``) is: resolved against the working directory."""
+    monkeypatch.chdir(state_root.parent)
+    settings.TASKHOSTER = {**settings.TASKHOSTER, "ROOT": state_root.name, "FLUSH": "auto"}
+    state_root.mkdir(parents=True)
+    runner.measure_flush_ahead()
+    assert store().one_file_way in ("fsync", "syncfs")
