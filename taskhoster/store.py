@@ -651,6 +651,7 @@ class StateStore:
                 found = self._moved(path)
                 if found is None:
                     return
+                log.debug("flushing %s where another process moved it: %s", path, found)
                 path = found
                 moved_to.add(os.path.dirname(found))
 

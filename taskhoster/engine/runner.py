@@ -46,7 +46,7 @@ from ..osthread import name_os_thread
 from . import pacing, reclaim
 from .common import store
 from .group import Group
-from .ops import Claim, Extend, MarkFetched, Op, Progress, Reclaim, Release, Resettle
+from .ops import Claim, Extend, MarkFetched, Op, Post, Progress, Reclaim, Release, Resettle
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,8 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
         now = [isinstance(op, ANSWERED_AT_COMMIT) or not ok for op, ok, _value in outcomes]
         answer([o for o, at_commit in zip(outcomes, now, strict=True) if at_commit])
         after_flush = [o for o, at_commit in zip(outcomes, now, strict=True) if not at_commit]
+        if fault("post.slow_flush") and any(isinstance(op, Post) for op in ops):
+            time.sleep(slow_seconds())  # tests: another process's claim comes in between
         try:
             group.files.flush()
         except TaskhosterError as exc:
