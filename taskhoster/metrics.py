@@ -18,6 +18,7 @@ caller, who passes the engine's ``held_by_queue`` as ``render(held=...)``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import threading
@@ -32,6 +33,8 @@ from django.db.models import Sum
 
 from .conf import get_conf
 from .store import StateStore, free_space
+
+log = logging.getLogger(__name__)
 
 PROCESS = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -100,6 +103,9 @@ def observe_latency(queue: str, seconds: float) -> None:
 
 
 def maybe_flush(force: bool = False) -> None:
+    """Write the counts made since the last flush, at most every ``FLUSH_INTERVAL`` (any time
+    with ``force``). Unforced, it never raises: counts that could not be written wait for
+    the next flush; forced, the error is the caller's."""
     global _last_flush
     now = time.monotonic()
     if not force and now - _last_flush < FLUSH_INTERVAL:
@@ -114,11 +120,15 @@ def maybe_flush(force: bool = False) -> None:
     try:
         with transaction.atomic():
             _upsert(batch, add=True)
-    except Exception:
+    except Exception as exc:
         with _lock:
             for key, amount in batch.items():
                 _pending[key] += amount
-        raise
+        if force:
+            raise
+        # Counted in passing (after a group's commit, among others): the database away is
+        # the caller's to meet, not a count's; the counts wait for the next flush.
+        log.warning("could not write the metrics (kept for the next try): %s", exc)
 
 
 def _upsert(values: dict[tuple[str, str], float], *, add: bool) -> None:

@@ -160,7 +160,9 @@ class Group:
         sql.add_counts(dict(self.tally.counts), self.shard)
         self.files.apply_unlinks()
         crash_point("group.before_commit", group_size=len(self.ops))
-        transaction.on_commit(self.tally.announce)
+        # Robust: an error of the announcement (logged) must not reach ``run``, which would
+        # undo the files of a group already committed.
+        transaction.on_commit(self.tally.announce, robust=True)
 
     def _answer(self, op: Op[Any], fn: Callable[..., Any], *args: Any) -> None:
         try:

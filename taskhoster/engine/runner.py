@@ -330,9 +330,11 @@ class Committer:
                 time.sleep(slow_seconds())  # a test's stand-in for a disk that stalls
             try:
                 run_group(group, self.shard)
-                metrics.count_group(len(group), time.perf_counter() - started)
             except BaseException:  # run_group never raises; keep the committer alive anyway
                 log.exception("the committer failed on a group")
                 _fail_all(group, RuntimeError("the committer failed"))
             finally:
                 self.busy = False
+            # After the answers, outside the try: a group is answered once, whatever happens
+            # to its count (which never raises anyway).
+            metrics.count_group(len(group), time.perf_counter() - started)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from .. import events, metrics
+from ..faults import raise_if_armed
 from ..status import Status
 from ..timeutil import to_wire
 from .rules import ItemRow
@@ -54,6 +55,7 @@ class Tally:
 
     def announce(self) -> None:
         """After the commit: the news to every process's sockets, the metrics counted."""
+        raise_if_armed("group.announce")  # tests: what fails after a commit cannot undo it
         news = list(dict.fromkeys(self.news))
         # This process's claims in this group took everything claimable of these queues:
         # its sockets need not look again (other processes' still do).

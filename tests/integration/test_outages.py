@@ -50,3 +50,24 @@ def test_an_unreachable_database_gives_503_unavailable_and_healthz_names_it(stat
             assert answer.headers.get("retry-after") == "1", path
     finally:
         server.stop()
+
+
+def test_what_fails_after_a_groups_commit_does_not_undo_it(server_factory, make_key, state_root):
+    """A group's announcement (its news, its counts written to the database) runs after its
+    commit: its failure (the fault ``group.announce``: a metrics write meeting the database
+    gone, say) is logged, and the post stays posted, its file on disk, answered 201; not
+    rolled back on disk under a committed row, nor answered as failed."""
+    server = server_factory(TASKHOSTER_FAULT="group.announce=1")
+    headers = {"Authorization": f"Token {make_key()}"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=10) as http:
+        assert http.put("/api/queues/q", json={}).status_code in (200, 201)
+        answer = http.post("/api/queues/q/items", json={"payload": "kept"})
+        assert answer.status_code == 201, answer.text
+        item_id = answer.json()["id"]
+        assert http.get(f"/api/items/{item_id}").json()["status"] == "pending"
+        files = list(state_root.glob(f"**/pending/{item_id}*"))
+        assert files, "the post's file is on disk"
+        claimed = http.post("/api/queues/q/claim", json={"max": 1})
+        assert claimed.status_code == 200, claimed.text
+        assert [item["id"] for item in claimed.json()["items"]] == [item_id]
+        assert claimed.json()["items"][0]["payload"] == "kept"
