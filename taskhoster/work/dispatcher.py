@@ -31,10 +31,10 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 
 from .. import bus, engine, events, metrics
 from ..conf import get_conf
@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 GAUGE_INTERVAL = 1.0
+# A claim that failed (the database away, most often) is made again after this long, with
+# whatever is free then: not left to the next news or the backstop.
+CLAIM_RETRY_SECONDS = 1.0
 GAUGE_HEARTBEAT = 5.0
 
 _executor = ThreadPoolExecutor(
@@ -251,6 +254,7 @@ class Dispatcher:
 
     async def _claim(self, queue: str) -> None:
         again = False
+        failed = False
         try:
             self.starting.discard(queue)
             self.dirty.discard(queue)
@@ -295,15 +299,22 @@ class Dispatcher:
                     del self.dirty_local[queue]  # that news was this claim's to see: it did
             except QueueNotFound:
                 claimed = []
-            except Exception:
-                log.exception("claim for queue %s failed", queue)
+            except Exception as exc:
+                failed = True
+                if isinstance(exc, DatabaseError):
+                    log.warning("claim for queue %s failed (%s); again soon", queue, exc)
+                else:
+                    log.exception("claim for queue %s failed", queue)
                 claimed = []
             finally:
                 for worker, share in shares.items():
                     worker.reserved -= share
             await self._deal(claimed, slots)
             if not claimed and self.claiming.get(queue) == 1:
-                await self._arm_timer(queue)
+                if failed:
+                    self._retry_soon(queue)
+                else:
+                    await self._arm_timer(queue)
             again = len(claimed) == total  # there may be more for other free slots
         finally:
             self.claiming[queue] -= 1
@@ -363,9 +374,17 @@ class Dispatcher:
     # -- delayed items and the backstop ----------------------------------------------------
 
     async def _arm_timer(self, queue: str) -> None:
-        due = (await run_sync(engine.next_due, [queue])).get(queue)
+        try:
+            due = (await run_sync(engine.next_due, [queue])).get(queue)
+        except DatabaseError as exc:
+            log.warning("queue %s's next delayed item not found (%s); again soon", queue, exc)
+            self._retry_soon(queue)
+            return
         if due is not None:
             self._timer_for(queue, due)
+
+    def _retry_soon(self, queue: str) -> None:
+        self._timer_for(queue, datetime.now(UTC) + timedelta(seconds=CLAIM_RETRY_SECONDS))
 
     def _timer_for(self, queue: str, due: datetime) -> None:
         # An item already due that the claim passed over (its thread was busy changing) is
