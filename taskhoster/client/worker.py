@@ -32,6 +32,9 @@ What it does for the handlers (SPEC sections 6 and 8.2):
   plain function, which Python cannot interrupt, sees ``job.cancelled`` turn true (or
   ``job.wait_cancelled(seconds)`` return true) and should return. Whatever a stopped handler
   returns or raises is dropped: no result or fail is sent for that item.
+- **the database away**: a verdict or an extend the server answers ``unavailable`` (nothing
+  was done) is sent again, 0.5 s later, then 1 s, ... up to 5 s apart, while the socket is
+  open.
 - **leases**: every ``result``, ``fail``, ``extend`` and ``progress`` carries the ``lease`` of
   the item frame the handler now answers for (an item that comes back to this socket while
   its handler still runs is adopted by that handler, under its new lease), so the server never
@@ -119,6 +122,10 @@ SUBSCRIBE_ERRORS = frozenset(
 #: largest payload and 64 KiB).
 GATHERED_RESULT_BYTES = 16 * 1024
 GATHERED_FRAME_BYTES = 48 * 1024
+#: A verdict (or an extend) the server answered ``unavailable`` (its database away; nothing
+#: was done) is sent again after this long, doubling up to the most.
+VERDICT_RETRY_SECONDS = 0.5
+VERDICT_RETRY_MOST_SECONDS = 5.0
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
 
@@ -781,7 +788,7 @@ class _Session:
                 return
             entry.answering = True
             try:
-                ack = await self.answer(frame)
+                ack = await self.answer_until_taken(frame)
             except SocketError as exc:
                 if frame["type"] == "result" and exc.code in ("too_large", "item_not_found"):
                     if exc.code == "item_not_found":
@@ -812,6 +819,27 @@ class _Session:
             log.info("item %s: the socket closed before its verdict was acked", job.id)
         finally:
             self.running.pop(job.id, None)
+
+    async def answer_until_taken(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """``answer``, sent again while the server answers ``unavailable`` (its database is
+        away, and the verdict changed nothing): after ``VERDICT_RETRY_SECONDS``, doubling up
+        to ``VERDICT_RETRY_MOST_SECONDS``, for as long as the socket is open."""
+        delay = VERDICT_RETRY_SECONDS
+        while True:
+            try:
+                return await self.answer(frame)
+            except SocketError as exc:
+                if exc.code != "unavailable":
+                    raise
+                log.warning(
+                    "item %s: the server could not take the %s now (%s); again in %.1f s",
+                    frame.get("id"),
+                    frame["type"],
+                    exc,
+                    delay,
+                )
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, VERDICT_RETRY_MOST_SECONDS)
 
     async def outcome(self, entry: _Running, handler: Handler) -> dict[str, Any] | None:
         """Run the handler under keepalive; the verdict frame, or None if it was stopped."""
@@ -854,7 +882,12 @@ class _Session:
             sent = self.loop.time()
             try:
                 ack = await self.request(_leased({"type": "extend", "id": entry.job.id}, entry.job))
-            except (_Lost, SocketError):
+            except SocketError as exc:
+                if exc.code != "unavailable":
+                    return
+                due = self.loop.time() + VERDICT_RETRY_SECONDS  # the database is away: soon
+                continue
+            except _Lost:
                 return
             if not ack.get("accepted"):
                 log.warning(

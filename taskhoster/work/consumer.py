@@ -54,6 +54,7 @@ from typing import Any, NamedTuple
 
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.db import InterfaceError, OperationalError
 
 from .. import contract, engine
 from ..conf import get_conf
@@ -338,6 +339,8 @@ class WorkConsumer(AsyncWebsocketConsumer):
             answer: Answer = getattr(self, f"_on_{kind}")(message)
         except TaskhosterError as exc:
             answer = _now(self._error_frame(exc, message.get("id")))
+        except (OperationalError, InterfaceError) as exc:
+            answer = _now(self._unavailable(message, exc))
         except Exception:
             answer = _now(self._failed(message))
         self.outbox.put_nowait(self._guarded(answer, message))
@@ -348,11 +351,27 @@ class WorkConsumer(AsyncWebsocketConsumer):
             return await answer
         except TaskhosterError as exc:
             return self._error_frame(exc, message.get("id"))
+        except (OperationalError, InterfaceError) as exc:
+            return self._unavailable(message, exc)
         except Exception:
             return self._failed(message)
 
     def _error_frame(self, exc: TaskhosterError, item_id: Any) -> dict[str, Any]:
         return error_frame(exc.code, exc.message, item_id)
+
+    def _unavailable(self, message: dict[str, Any], exc: Exception) -> dict[str, Any]:
+        """The database did not answer (a restart, an outage): the frame changed nothing,
+        the socket stays open, and the worker sends the frame again later (as a REST call
+        gets 503 ``unavailable``)."""
+        log.warning(
+            "socket frame %r for item %s: the database did not answer: %s",
+            message.get("type"),
+            message.get("id"),
+            exc,
+        )
+        return error_frame(
+            "unavailable", "the database did not answer; send this frame again", message.get("id")
+        )
 
     def _failed(self, message: dict[str, Any]) -> dict[str, Any]:
         """An unexpected exception while handling a frame: log it with the item, and answer
