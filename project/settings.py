@@ -157,6 +157,10 @@ def _database() -> dict[str, object]:
             or str(VAR_DIR / f"test-{os.getpid()}.sqlite3")
         }
     elif "postgresql" in engine:
+        # Django's backend, with a pool that answers a request at once while the database is
+        # away (taskhoster/db/postgresql/base.py), and attempts to connect that give up.
+        config["ENGINE"] = "taskhoster.db.postgresql"
+        options.setdefault("connect_timeout", 5)
         # The index can be rebuilt from the durable item files, so a commit need not wait
         # for the database's own flush.
         options.setdefault("options", "-c synchronous_commit=off")

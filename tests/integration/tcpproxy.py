@@ -28,6 +28,7 @@ class TcpProxy:
         self.lost = 0
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
+        self._upstream: set[socket.socket] = set()  # the proxy's own ends towards the target
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -48,8 +49,11 @@ class TcpProxy:
             except OSError:
                 client.close()
                 continue
+            for sock in (client, upstream):  # a small write is passed on at once (no Nagle)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._open.update((client, upstream))
+                self._upstream.add(upstream)
             threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
 
@@ -78,6 +82,17 @@ class TcpProxy:
                 sock.close()
             with self._lock:
                 self._open.discard(sock)
+                self._upstream.discard(sock)
+
+    def upstream_ports(self) -> list[int]:
+        """The local ports of the connections open to the target (as the target sees them)."""
+        with self._lock:
+            socks = list(self._upstream)
+        ports = []
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                ports.append(sock.getsockname()[1])
+        return ports
 
     def drop_all(self) -> None:
         with self._lock:

@@ -1,0 +1,147 @@
+"""PostgreSQL as Django's own backend, with a connection pool that does not hold a request
+while the database is away.
+
+Django's pool (``psycopg_pool``) is built for a database that is there: a request that finds
+no free connection waits for one up to the pool's ``timeout`` (30 s by default), and a pool
+that could not connect tries again later and later (1 s, 2 s, 4 s, ...). Through a database
+restart that meant every request, ``/healthz``'s own check among them, waiting the whole
+outage or 30 s, and a server that went on refusing work for half a minute after the
+database was back.
+
+Here each process keeps what its latest attempts to connect found (``Reachability``: a
+failed attempt marks the database away, a successful one present again), and a request
+that waits for a connection (``Checkout.getconn``):
+
+- waits in short slices (``SLICE_SECONDS``), as long as the pool's ``timeout`` allows, while
+  the database is present: a busy pool's connections come back (a waiter joins the back of
+  the pool's queue again at each slice: under a pool exhausted for long, who is served
+  first is looser than the pool's own order);
+- stops waiting, with the attempt's error, once the database is away: the caller answers 503
+  ``unavailable`` at once, unless the pool holds a free connection (an attempt may have
+  failed only because the database had no room for another: ``too many clients``);
+- while it is away, one caller in ``RETRY_SECONDS`` waits a slice anyway, which has the pool
+  try to connect; the first that succeeds marks the database present again.
+
+The pool gives up a series of attempts after ``RECONNECT_SECONDS`` (its
+``reconnect_timeout``, 5 minutes by default), so the next request's wait starts a new attempt
+at once instead of a far-off one. Each process judges from its own attempts: nothing is
+shared that another process could not find out the same way.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+from django.db import DEFAULT_DB_ALIAS
+from django.db.backends.postgresql import base
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+SLICE_SECONDS = 0.25  # a request waiting for a connection looks at the database this often
+RETRY_SECONDS = 0.5  # while the database is away, one request in this long tries it
+RECONNECT_SECONDS = 2.0  # the pool gives up a series of attempts after this long
+HELD_SECONDS = 0.01  # (psycopg_pool hands out none, not even one it holds, with no wait)
+
+
+class Reachability:
+    """Whether this process's latest attempt to connect to the database succeeded."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._away: str | None = None  # the latest attempt's error, until one succeeds
+        self._next_try = 0.0
+
+    def failed(self, exc: BaseException) -> None:
+        with self._lock:
+            self._away = f"{type(exc).__name__}: {exc}".strip()[:300]
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self._away = None
+
+    def away(self) -> str | None:
+        """The error of the latest attempt to connect if it failed, else None."""
+        return self._away
+
+    def may_try(self) -> bool:
+        """Whether this caller is the one of ``RETRY_SECONDS`` to try the database."""
+        with self._lock:
+            now = time.monotonic()
+            if now < self._next_try:
+                return False
+            self._next_try = now + RETRY_SECONDS
+            return True
+
+
+reachability = Reachability()
+
+
+class WatchedConnection(psycopg.Connection[Any]):
+    """psycopg's connection, its attempts to connect told to ``reachability``."""
+
+    @classmethod
+    def connect(cls, *args: Any, **kwargs: Any) -> Any:
+        try:
+            conn = super().connect(*args, **kwargs)
+        except psycopg.OperationalError as exc:
+            reachability.failed(exc)
+            raise
+        reachability.succeeded()
+        return conn
+
+
+class Checkout:
+    """The pool as Django's connection uses it (``open``, ``getconn``, ``close``), with a wait
+    for a connection that ends once the database is found away."""
+
+    def __init__(self, pool: ConnectionPool[Any]) -> None:
+        self.pool = pool
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pool, name)
+
+    def getconn(self, timeout: float | None = None) -> Any:
+        deadline = time.monotonic() + (self.pool.timeout if timeout is None else timeout)
+        while True:
+            away = reachability.away()
+            if away is not None:
+                # A connection the pool holds is handed out at once (an attempt to connect may
+                # have failed only for want of a free one: "too many clients"); else this
+                # caller waits only if it is the one to try the database.
+                try:
+                    return self.pool.getconn(timeout=HELD_SECONDS)
+                except PoolTimeout:
+                    if not reachability.may_try():
+                        raise psycopg.OperationalError(
+                            f"the database does not answer: {away}"
+                        ) from None
+            left = deadline - time.monotonic()
+            try:
+                return self.pool.getconn(timeout=max(0.0, min(SLICE_SECONDS, left)))
+            except PoolTimeout:
+                if left <= SLICE_SECONDS:
+                    raise
+                away = reachability.away()
+                if away is not None:
+                    raise psycopg.OperationalError(
+                        f"the database does not answer: {away}"
+                    ) from None
+
+
+class DatabaseWrapper(base.DatabaseWrapper):
+    def __init__(self, settings_dict: dict[str, Any], alias: str = DEFAULT_DB_ALIAS) -> None:
+        super().__init__(settings_dict, alias)
+        options = self.settings_dict["OPTIONS"]
+        if options.get("pool") is True:
+            options["pool"] = {}
+        pool = options.get("pool")
+        if isinstance(pool, dict):
+            pool.setdefault("connection_class", WatchedConnection)
+            pool.setdefault("reconnect_timeout", RECONNECT_SECONDS)
+
+    @property
+    def pool(self) -> Checkout | None:
+        found = super().pool
+        return None if found is None else Checkout(found)

@@ -1,0 +1,186 @@
+"""A PostgreSQL restart under load, one of the first ordinary events of production.
+
+The server reaches the database through a TCP proxy the test controls. While a producer posts
+steadily and a worker (``taskhoster.client.Worker``) finishes what it is given, the database
+"restarts": every server connection is terminated (``pg_terminate_backend``, what a restart
+does to them) and new ones are refused for a few seconds, then let through again. Meanwhile
+every post is answered at once, ``201`` or ``503`` with ``Retry-After``, never a ``500`` and
+never a long wait; once the database is back the server posts again without a restart of its
+own, and every post it acknowledged, before, during or after, is finished by the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from taskhoster import engine
+from taskhoster.client import Job, Worker
+from taskhoster.models import Item
+from taskhoster.status import Status
+
+from ..conftest import Server, database_url
+from .tcpproxy import TcpProxy
+from .test_processes import REDIS_URL
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        database_url().startswith("sqlite"), reason="a database server to restart: PostgreSQL"
+    ),
+]
+
+POST_EVERY = 0.01
+SLOW_ANSWER = 2.0  # seconds: an answer slower than this is a long wait
+
+
+@dataclass
+class Answers:
+    acknowledged: list[str] = field(default_factory=list)
+    refused: list[tuple[float, int, str, str | None]] = field(default_factory=list)
+    other: list[tuple[int, str]] = field(default_factory=list)
+    slowest: float = 0.0
+    first_after: float | None = None  # when the first post after the restart was acknowledged
+
+
+def _produce(url: str, key: str, stop: threading.Event, up_at: list[float], out: Answers) -> None:
+    """Post one item every ``POST_EVERY`` until ``stop``; sort the answers into ``out``."""
+    headers = {"Authorization": f"Token {key}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=30) as http:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            began = time.monotonic()
+            try:
+                answer = http.post("/api/queues/q/items", json={"payload": n})
+            except httpx.HTTPError as exc:
+                out.other.append((0, repr(exc)))
+                continue
+            took = time.monotonic() - began
+            out.slowest = max(out.slowest, took)
+            if answer.status_code == 201:
+                out.acknowledged.append(str(answer.json()["id"]))
+                if up_at and out.first_after is None and began >= up_at[0]:
+                    out.first_after = time.monotonic() - up_at[0]
+            elif answer.status_code == 503:
+                code = answer.json().get("error", {}).get("code", "")
+                out.refused.append((took, n, code, answer.headers.get("retry-after")))
+            else:
+                out.other.append((answer.status_code, answer.text[:300]))
+            time.sleep(POST_EVERY)
+
+
+def _health_while(url: str, until: float) -> list[tuple[float, int, dict[str, Any]]]:
+    """``/healthz`` twice a second until ``until``: (seconds it took, status, body) each."""
+    seen = []
+    while time.monotonic() < until:
+        time.sleep(0.5)
+        began = time.monotonic()
+        answer = httpx.get(f"{url}/healthz", timeout=5)
+        seen.append((time.monotonic() - began, answer.status_code, answer.json()))
+    return seen
+
+
+def _terminate(ports: list[int]) -> int:
+    """What a restart does to the server's connections: those that come through the proxy
+    (the test's own, and its pool's, stay)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND client_port = ANY(%s)",
+            [ports],
+        )
+        row = cursor.fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.parametrize("down_seconds", [4, 12])
+def test_a_database_restart_under_load_loses_nothing_acknowledged_and_answers_at_once(
+    transactional_db, state_root, make_key, down_seconds: float
+):
+    """Down 4 s (a restart), and 12 s: longer than the pool's own retries took to come
+    back (1 s, 2 s, 4 s, 8 s apart)."""
+    db = settings.DATABASES["default"]
+    host, port = str(db.get("HOST") or "127.0.0.1"), int(str(db.get("PORT") or 5432))
+    proxy = TcpProxy(port)
+    proxied = database_url().replace(f"@{host}:{port}/", f"@127.0.0.1:{proxy.port}/")
+    assert f":{proxy.port}/" in proxied
+    env = {"DATABASE_URL": proxied, "TASKHOSTER_SOCKET_BACKSTOP_SECONDS": "60"}
+    if REDIS_URL:
+        env["REDIS_URL"] = REDIS_URL
+    server = Server(state_root, **env).start()
+    finished: set[str] = set()
+    key = make_key()
+    engine.upsert_queue(name="q", body={"leaseSeconds": 5})
+    worker = Worker(server.url, key, capacity=4, reconnect_delay=0.2, reconnect_max_delay=1)
+
+    @worker.handler("q")
+    def handle(job: Job) -> None:
+        finished.add(job.id)
+
+    loop = asyncio.new_event_loop()
+    serving = threading.Thread(target=loop.run_until_complete, args=(worker.serve(),))
+    stop = threading.Event()
+    up_at: list[float] = []
+    answers = Answers()
+    producing = threading.Thread(target=_produce, args=(server.url, key, stop, up_at, answers))
+    try:
+        serving.start()
+        producing.start()
+        time.sleep(2)
+        before = len(answers.acknowledged)
+        assert before > 20, answers
+        proxy.refuse = True
+        terminated = _terminate(proxy.upstream_ports())
+        assert terminated > 0, "the server had connections to the database"
+        health = _health_while(server.url, time.monotonic() + down_seconds)
+        proxy.refuse = False
+        up_at.append(time.monotonic())
+        time.sleep(5)
+        stop.set()
+        producing.join(30)
+        slowest_health = max(took for took, _status, _body in health)
+        assert slowest_health < 1, f"/healthz took {slowest_health:.2f} s"
+        _took, status, body = health[-1]
+        assert status == 503, "/healthz says the database is away"
+        assert body["database"]["reachable"] is False, body
+        assert answers.other == [], "every answer a 201 or a 503"
+        assert answers.refused, "some posts met the database away"
+        for _took, n, code, retry_after in answers.refused:
+            assert code == "unavailable", (n, code)
+            assert int(retry_after or 0) >= 1, (n, retry_after)
+        assert answers.slowest < SLOW_ANSWER, f"an answer took {answers.slowest:.2f} s"
+        assert answers.first_after is not None, "posts acknowledged once the database was back"
+        assert answers.first_after < 3, answers.first_after
+        acknowledged = set(answers.acknowledged)
+        assert len(acknowledged) == len(answers.acknowledged), "no id answered twice"
+        deadline = time.monotonic() + 30
+        while not acknowledged <= finished and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert acknowledged <= finished, f"{len(acknowledged - finished)} never reached the worker"
+
+        def unfinished() -> list[tuple[str, str, int]]:
+            rows = Item.objects.filter(id__in=acknowledged).exclude(status=Status.FINISHED)
+            return list(rows.values_list("id", "status", "attempts"))
+
+        deadline = time.monotonic() + 30
+        while unfinished() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert unfinished() == [], "every acknowledged post is finished"
+        assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
+    finally:
+        stop.set()
+        proxy.refuse = False
+        worker.stop(hand_back=True)
+        serving.join(15)
+        loop.close()
+        server.stop()
+        proxy.close()

@@ -1,0 +1,96 @@
+"""The PostgreSQL backend's pool (``taskhoster.db.postgresql``): a wait for a connection ends
+once the database is found away, but a connection the pool holds is still handed out."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from django.conf import settings
+from psycopg_pool import ConnectionPool
+
+from taskhoster.db.postgresql.base import Checkout, WatchedConnection, reachability
+
+pytestmark = pytest.mark.skipif(
+    "postgresql" not in str(settings.DATABASES["default"]["ENGINE"]), reason="PostgreSQL's pool"
+)
+
+
+@pytest.fixture(autouse=True)
+def present_again() -> Iterator[None]:
+    yield
+    reachability.succeeded()  # (one process's judgement: leave it as the next test expects)
+
+
+def _pool(conninfo: str, min_size: int) -> ConnectionPool[WatchedConnection]:
+    pool = ConnectionPool(
+        conninfo,
+        connection_class=WatchedConnection,
+        min_size=min_size,
+        max_size=2,
+        timeout=30,
+        reconnect_timeout=2,
+        open=False,
+    )
+    pool.open(wait=min_size > 0)
+    return pool
+
+
+def _ours() -> str:
+    db = settings.DATABASES["default"]
+    return (
+        f"host={db.get('HOST') or '127.0.0.1'} port={db.get('PORT') or 5432} "
+        f"dbname={db['NAME']} user={db.get('USER') or 'postgres'}"
+    )
+
+
+def test_a_wait_for_a_connection_ends_at_once_when_the_database_does_not_answer() -> None:
+    pool = _pool("host=127.0.0.1 port=1 dbname=nowhere user=nobody connect_timeout=2", 0)
+    try:
+        began = time.monotonic()
+        with pytest.raises(psycopg.OperationalError, match="the database does not answer"):
+            Checkout(pool).getconn()  # the pool's own wait: 30 s
+        assert time.monotonic() - began < 2
+        assert reachability.away() is not None
+        began = time.monotonic()
+        with pytest.raises(psycopg.OperationalError, match="the database does not answer"):
+            Checkout(pool).getconn()
+        assert time.monotonic() - began < 0.5, "known away: no wait at all"
+    finally:
+        pool.close()
+
+
+def test_a_connection_the_pool_holds_is_handed_out_though_an_attempt_failed() -> None:
+    """An attempt to connect can fail while the database answers ("too many clients"): the
+    connections the pool already holds still serve."""
+    pool = _pool(_ours(), 1)
+    try:
+        reachability.failed(psycopg.OperationalError("sorry, too many clients already"))
+        reachability.may_try()  # another caller's turn to try the database, not this one's
+        conn = Checkout(pool).getconn()
+        try:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        finally:
+            pool.putconn(conn)
+    finally:
+        pool.close()
+
+
+def test_the_database_is_present_again_at_the_first_attempt_that_connects() -> None:
+    reachability.failed(psycopg.OperationalError("away"))
+    pool = _pool(_ours(), 0)
+    try:
+        deadline = time.monotonic() + 5
+        while True:  # one caller in RETRY_SECONDS tries; the others are refused meanwhile
+            try:
+                conn = Checkout(pool).getconn()
+                break
+            except psycopg.OperationalError:
+                assert time.monotonic() < deadline, "never tried again"
+                time.sleep(0.05)
+        pool.putconn(conn)
+        assert reachability.away() is None
+    finally:
+        pool.close()
