@@ -877,6 +877,7 @@ class _Session:
         lease = self.leases[entry.job.queue]
         extend_at = self.worker.extend_at
         due = entry.received + extend_at * lease_left(entry.job.lease_expires_at, lease)
+        again = VERDICT_RETRY_SECONDS
         while True:
             await asyncio.sleep(max(0.0, due - self.loop.time()))
             sent = self.loop.time()
@@ -885,10 +886,12 @@ class _Session:
             except SocketError as exc:
                 if exc.code != "unavailable":
                     return
-                due = self.loop.time() + VERDICT_RETRY_SECONDS  # the database is away: soon
+                due = self.loop.time() + again  # the database is away: again, less often
+                again = min(2 * again, VERDICT_RETRY_MOST_SECONDS)
                 continue
             except _Lost:
                 return
+            again = VERDICT_RETRY_SECONDS
             if not ack.get("accepted"):
                 log.warning(
                     "item %s: lost its lease (it lapsed, or the item is gone); "

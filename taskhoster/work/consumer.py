@@ -80,6 +80,7 @@ CLOSE_FORBIDDEN = 4403
 CLOSE_ABUSE = 4429
 ABUSE_WINDOW_SECONDS = 10.0
 ABUSE_ERRORS = 100
+UNAVAILABLE = "unavailable"  # a frame's error while the database is away (not counted above)
 
 
 class Held(NamedTuple):
@@ -370,7 +371,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
             exc,
         )
         return error_frame(
-            "unavailable", "the database did not answer; send this frame again", message.get("id")
+            UNAVAILABLE, "the database did not answer; send this frame again", message.get("id")
         )
 
     def _failed(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -393,7 +394,12 @@ class WorkConsumer(AsyncWebsocketConsumer):
                 await self._send(frame)
                 if frame["type"] == "acks":
                     # An entry's error counts as the error frame a lone result would get.
-                    await self._count_errors(sum("error" in ack for ack in frame["acks"]))
+                    await self._count_errors(
+                        sum(
+                            "error" in ack and ack["error"]["code"] != UNAVAILABLE
+                            for ack in frame["acks"]
+                        )
+                    )
                 continue
             await self._error(frame["code"], frame["message"], item_id=frame.get("id"))
             if frame["code"] == "internal":
@@ -530,6 +536,15 @@ class WorkConsumer(AsyncWebsocketConsumer):
                         "accepted": False,
                         "error": {"code": exc.code, "message": exc.message},
                     }
+                except (OperationalError, InterfaceError) as exc:
+                    # This entry's group met the database away; the others' may have
+                    # committed: each says its own.
+                    frame = self._unavailable({"type": "result", "id": entry["id"]}, exc)
+                    ack = {
+                        "id": entry["id"],
+                        "accepted": False,
+                        "error": {"code": frame["code"], "message": frame["message"]},
+                    }
                 else:
                     assert ack is not None
                     del ack["type"]
@@ -582,10 +597,18 @@ class WorkConsumer(AsyncWebsocketConsumer):
         # its slot is free now, before the verdict's own news could come back on this loop.
         del self.held[item_id]
         self._slot_freed()
-        return self._fail_ack(item_id, verdict)
+        return self._fail_ack(item_id, verdict, holding)
 
-    async def _fail_ack(self, item_id: str, verdict: Awaitable[engine.Verdict]) -> dict[str, Any]:
-        answer = await verdict
+    async def _fail_ack(
+        self, item_id: str, verdict: Awaitable[engine.Verdict], holding: Held
+    ) -> dict[str, Any]:
+        try:
+            answer = await verdict
+        except (OperationalError, InterfaceError):
+            # Nothing was done (the database away): the attempt is still this socket's, for
+            # the worker's fail sent again ("unavailable"), which finds it held.
+            self.held.setdefault(item_id, holding)
+            raise
         raise_if_armed("socket.fail")
         return {"type": "ack", "id": item_id, "accepted": answer.accepted, "status": answer.status}
 
@@ -724,7 +747,8 @@ class WorkConsumer(AsyncWebsocketConsumer):
 
     async def _error(self, code: str, message: str, *, item_id: Any = None) -> None:
         await self._send(error_frame(code, message, item_id))
-        await self._count_errors(1)
+        if code != UNAVAILABLE:  # the server's database away is not the worker's doing
+            await self._count_errors(1)
 
     async def _count_errors(self, count: int) -> None:
         """``count`` more errors told to this socket: past ABUSE_ERRORS within the window,

@@ -6,7 +6,10 @@ steadily and a worker (``taskhoster.client.Worker``) finishes what it is given, 
 does to them) and new ones are refused for a few seconds, then let through again. Meanwhile
 every post is answered at once, ``201`` or ``503`` with ``Retry-After``, never a ``500`` and
 never a long wait; once the database is back the server posts again without a restart of its
-own, and every post it acknowledged, before, during or after, is finished by the worker.
+own, and every post it acknowledged, before, during or after, is finished by the worker. The first
+two items are answered while the database is away, one with a fail and one with a result; no
+sweep runs and leases outlast the test, so a verdict that the server dropped would leave its
+item in ``processing``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from django.conf import settings
 from django.db import connection
 
 from taskhoster import engine
-from taskhoster.client import Job, Worker
+from taskhoster.client import Job, RetryableError, Worker
 from taskhoster.models import Item
 from taskhoster.status import Status
 
@@ -39,7 +42,7 @@ pytestmark = [
 ]
 
 POST_EVERY = 0.01
-SLOW_ANSWER = 2.0  # seconds: an answer slower than this is a long wait
+SLOW_ANSWER = 3.0  # seconds: an answer slower than this is a long wait (before: 30 s)
 
 
 @dataclass
@@ -119,11 +122,19 @@ def test_a_database_restart_under_load_loses_nothing_acknowledged_and_answers_at
     server = Server(state_root, **env).start()
     finished: set[str] = set()
     key = make_key()
-    engine.upsert_queue(name="q", body={"leaseSeconds": 5})
+    engine.upsert_queue(name="q", body={"leaseSeconds": 120})
     worker = Worker(server.url, key, capacity=4, reconnect_delay=0.2, reconnect_max_delay=1)
+
+    down = threading.Event()
 
     @worker.handler("q")
     def handle(job: Job) -> None:
+        # The first two posts are held until the database is away, then answered: a fail
+        # and a result that meet the outage and must be sent again.
+        if job.payload in (1, 2) and job.attempts == 1:
+            assert down.wait(30)
+            if job.payload == 1:
+                raise RetryableError("failed while the database was away")
         finished.add(job.id)
 
     loop = asyncio.new_event_loop()
@@ -141,6 +152,7 @@ def test_a_database_restart_under_load_loses_nothing_acknowledged_and_answers_at
         proxy.refuse = True
         terminated = _terminate(proxy.upstream_ports())
         assert terminated > 0, "the server had connections to the database"
+        down.set()
         health = _health_while(server.url, time.monotonic() + down_seconds)
         proxy.refuse = False
         up_at.append(time.monotonic())
@@ -148,7 +160,7 @@ def test_a_database_restart_under_load_loses_nothing_acknowledged_and_answers_at
         stop.set()
         producing.join(30)
         slowest_health = max(took for took, _status, _body in health)
-        assert slowest_health < 1, f"/healthz took {slowest_health:.2f} s"
+        assert slowest_health < 2, f"/healthz took {slowest_health:.2f} s"
         _took, status, body = health[-1]
         assert status == 503, "/healthz says the database is away"
         assert body["database"]["reachable"] is False, body
@@ -159,7 +171,7 @@ def test_a_database_restart_under_load_loses_nothing_acknowledged_and_answers_at
             assert int(retry_after or 0) >= 1, (n, retry_after)
         assert answers.slowest < SLOW_ANSWER, f"an answer took {answers.slowest:.2f} s"
         assert answers.first_after is not None, "posts acknowledged once the database was back"
-        assert answers.first_after < 3, answers.first_after
+        assert answers.first_after < 5, answers.first_after
         acknowledged = set(answers.acknowledged)
         assert len(acknowledged) == len(answers.acknowledged), "no id answered twice"
         deadline = time.monotonic() + 30
@@ -178,6 +190,7 @@ def test_a_database_restart_under_load_loses_nothing_acknowledged_and_answers_at
         assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
     finally:
         stop.set()
+        down.set()
         proxy.refuse = False
         worker.stop(hand_back=True)
         serving.join(15)
