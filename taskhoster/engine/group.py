@@ -103,6 +103,7 @@ class Group:
         self.keys_seen: dict[tuple[int, str], ItemRow] = {}
         self.copies: list[tuple[ItemRow, Any]] = []
         self.payloads: dict[str, Any] = {}  # of the keyed items made in this group
+        self.committed = False  # set by the first of the commit's hooks
 
     # -- running ------------------------------------------------------------------------
 
@@ -120,9 +121,16 @@ class Group:
                     # after that would undo its change instead.
                     self.files.rollback()
                     raise
-        except BaseException:
-            self.files.rollback()  # the commit itself failed (nothing left to undo otherwise)
-            raise
+        except BaseException as exc:
+            if not self.committed:
+                self.files.rollback()  # the commit itself failed (nothing left to undo otherwise)
+                raise
+            if not isinstance(exc, Exception):
+                raise
+            # Committed, then the connection failed on the way out (a pipeline's end meeting
+            # the database gone): the group stands, and is answered and flushed as committed;
+            # undoing its files, or running it again, would contradict its rows.
+            log.warning("a group of %d committed, then: %s", len(self.ops), exc)
         crash_point("group.after_commit", group_size=len(self.ops))
         if any(isinstance(op, Post) for op in self.ops):
             crash_point("post.after_index")
@@ -160,9 +168,13 @@ class Group:
         sql.add_counts(dict(self.tally.counts), self.shard)
         self.files.apply_unlinks()
         crash_point("group.before_commit", group_size=len(self.ops))
+        transaction.on_commit(self._mark_committed)
         # Robust: an error of the announcement (logged) must not reach ``run``, which would
         # undo the files of a group already committed.
         transaction.on_commit(self.tally.announce, robust=True)
+
+    def _mark_committed(self) -> None:
+        self.committed = True
 
     def _answer(self, op: Op[Any], fn: Callable[..., Any], *args: Any) -> None:
         try:

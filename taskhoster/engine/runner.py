@@ -135,7 +135,7 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
         now = [isinstance(op, ANSWERED_AT_COMMIT) or not ok for op, ok, _value in outcomes]
         answer([o for o, at_commit in zip(outcomes, now, strict=True) if at_commit])
         after_flush = [o for o, at_commit in zip(outcomes, now, strict=True) if not at_commit]
-        if fault("post.slow_flush") and any(isinstance(op, Post) for op in ops):
+        if any(isinstance(op, Post) for op in ops) and fault("post.slow_flush"):
             time.sleep(slow_seconds())  # tests: another process's claim comes in between
         try:
             group.files.flush()
@@ -336,5 +336,8 @@ class Committer:
             finally:
                 self.busy = False
             # After the answers, outside the try: a group is answered once, whatever happens
-            # to its count (which never raises anyway).
-            metrics.count_group(len(group), time.perf_counter() - started)
+            # to its count (which does not raise; should it, the committer goes on).
+            try:
+                metrics.count_group(len(group), time.perf_counter() - started)
+            except Exception:
+                log.exception("could not count a group")
