@@ -11,7 +11,9 @@ import pytest
 from django.conf import settings
 from psycopg_pool import ConnectionPool
 
-from taskhoster.db.postgresql.base import Checkout, WatchedConnection, reachability
+from taskhoster.db.postgresql.base import Checkout, Reachability, WatchedConnection
+
+reachability = WatchedConnection.reachability
 
 pytestmark = pytest.mark.skipif(
     "postgresql" not in str(settings.DATABASES["default"]["ENGINE"]), reason="PostgreSQL's pool"
@@ -21,7 +23,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(autouse=True)
 def present_again() -> Iterator[None]:
     yield
-    reachability.succeeded()  # (one process's judgement: leave it as the next test expects)
+    reachability.succeeded(time.monotonic())  # (leave it as the next test expects)
 
 
 def _pool(conninfo: str, min_size: int) -> ConnectionPool[WatchedConnection]:
@@ -54,20 +56,21 @@ def test_a_wait_for_a_connection_ends_at_once_when_the_database_does_not_answer(
             Checkout(pool).getconn()  # the pool's own wait: 30 s
         assert time.monotonic() - began < 2
         assert reachability.away() is not None
+        reachability.may_try()  # another caller's turn to try the database, not this one's
         began = time.monotonic()
         with pytest.raises(psycopg.OperationalError, match="the database does not answer"):
             Checkout(pool).getconn()
-        assert time.monotonic() - began < 0.5, "known away: no wait at all"
+        assert time.monotonic() - began < 0.2, "known away: no wait"
     finally:
         pool.close()
 
 
 def test_a_connection_the_pool_holds_is_handed_out_though_an_attempt_failed() -> None:
-    """An attempt to connect can fail while the database answers ("too many clients"): the
-    connections the pool already holds still serve."""
+    """Marked away, a connection the pool already holds is still handed out (it may serve: an
+    attempt can fail while the database answers)."""
     pool = _pool(_ours(), 1)
     try:
-        reachability.failed(psycopg.OperationalError("sorry, too many clients already"))
+        reachability.failed(psycopg.OperationalError("the server went away"), time.monotonic())
         reachability.may_try()  # another caller's turn to try the database, not this one's
         conn = Checkout(pool).getconn()
         try:
@@ -79,7 +82,7 @@ def test_a_connection_the_pool_holds_is_handed_out_though_an_attempt_failed() ->
 
 
 def test_the_database_is_present_again_at_the_first_attempt_that_connects() -> None:
-    reachability.failed(psycopg.OperationalError("away"))
+    reachability.failed(psycopg.OperationalError("away"), time.monotonic())
     pool = _pool(_ours(), 0)
     try:
         deadline = time.monotonic() + 5
@@ -94,3 +97,18 @@ def test_the_database_is_present_again_at_the_first_attempt_that_connects() -> N
         assert reachability.away() is None
     finally:
         pool.close()
+
+
+def test_an_attempt_refused_for_want_of_room_or_older_than_a_success_changes_nothing() -> None:
+    reach = Reachability()
+    reach.failed(psycopg.OperationalError("FATAL:  sorry, too many clients already"), 1.0)
+    assert reach.away() is None, "too many clients: the database answers"
+    reach.succeeded(5.0)
+    reach.failed(psycopg.OperationalError("timeout expired"), 2.0)  # began before the success
+    assert reach.away() is None
+    reach.failed(psycopg.OperationalError("connection refused"), 6.0)
+    assert reach.away() is not None
+    reach.succeeded(5.5)  # began before that failure
+    assert reach.away() is not None
+    reach.succeeded(7.0)
+    assert reach.away() is None

@@ -8,9 +8,10 @@ restart that meant every request, ``/healthz``'s own check among them, waiting t
 outage or 30 s, and a server that went on refusing work for half a minute after the
 database was back.
 
-Here each process keeps what its latest attempts to connect found (``Reachability``: a
-failed attempt marks the database away, a successful one present again), and a request
-that waits for a connection (``Checkout.getconn``):
+Here each process keeps, per database, what its latest attempt to connect found
+(``Reachability``: a failed attempt marks the database away, a successful one present again;
+an attempt refused for "too many clients" says neither), and a request that waits for a
+connection (``Checkout.getconn``):
 
 - waits in short slices (``SLICE_SECONDS``), as long as the pool's ``timeout`` allows, while
   the database is present: a busy pool's connections come back (a waiter joins the back of
@@ -19,8 +20,13 @@ that waits for a connection (``Checkout.getconn``):
 - stops waiting, with the attempt's error, once the database is away: the caller answers 503
   ``unavailable`` at once, unless the pool holds a free connection (an attempt may have
   failed only because the database had no room for another: ``too many clients``);
-- while it is away, one caller in ``RETRY_SECONDS`` waits a slice anyway, which has the pool
-  try to connect; the first that succeeds marks the database present again.
+- while it is away, one caller in ``RETRY_SECONDS`` waits a slice anyway; any wait has the
+  pool try to connect if it is not trying already, and the first attempt that succeeds
+  marks the database present again.
+
+Until an attempt has failed the database counts as present: one that drops packets rather
+than refusing is found away only when an attempt gives up (``connect_timeout``, 5 s in
+``project/settings.py``).
 
 The pool gives up a series of attempts after ``RECONNECT_SECONDS`` (its
 ``reconnect_timeout``, 5 minutes by default), so the next request's wait starts a new attempt
@@ -45,21 +51,36 @@ RECONNECT_SECONDS = 2.0  # the pool gives up a series of attempts after this lon
 HELD_SECONDS = 0.01  # (psycopg_pool hands out none, not even one it holds, with no wait)
 
 
+#: An attempt refused for want of room ("too many clients": SQLSTATE 53300, which psycopg
+#: does not carry on a failed connect) says nothing of whether the database answers.
+NO_ROOM = ("too many clients", "remaining connection slots are reserved")
+
+
 class Reachability:
-    """Whether this process's latest attempt to connect to the database succeeded."""
+    """Whether the latest attempt of this process to connect to one database succeeded
+    (latest by its start: a slow attempt that fails after a later one connected changes
+    nothing)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._away: str | None = None  # the latest attempt's error, until one succeeds
+        self._latest = 0.0  # when the attempt whose outcome is known started
         self._next_try = 0.0
 
-    def failed(self, exc: BaseException) -> None:
-        with self._lock:
-            self._away = f"{type(exc).__name__}: {exc}".strip()[:300]
+    def failed(self, exc: BaseException, started: float) -> None:
+        text = str(exc)
+        if any(phrase in text for phrase in NO_ROOM):
+            return
+        self._outcome(started, f"{type(exc).__name__}: {text}".strip()[:300])
 
-    def succeeded(self) -> None:
+    def succeeded(self, started: float) -> None:
+        self._outcome(started, None)
+
+    def _outcome(self, started: float, away: str | None) -> None:
         with self._lock:
-            self._away = None
+            if started >= self._latest:
+                self._latest = started
+                self._away = away
 
     def away(self) -> str | None:
         """The error of the latest attempt to connect if it failed, else None."""
@@ -75,21 +96,39 @@ class Reachability:
             return True
 
 
-reachability = Reachability()
-
-
 class WatchedConnection(psycopg.Connection[Any]):
-    """psycopg's connection, its attempts to connect told to ``reachability``."""
+    """psycopg's connection, its attempts to connect told to its class's ``reachability``
+    (one per database: ``watched_class``)."""
+
+    reachability = Reachability()
 
     @classmethod
     def connect(cls, *args: Any, **kwargs: Any) -> Any:
+        started = time.monotonic()
         try:
             conn = super().connect(*args, **kwargs)
         except psycopg.OperationalError as exc:
-            reachability.failed(exc)
+            cls.reachability.failed(exc, started)
             raise
-        reachability.succeeded()
+        cls.reachability.succeeded(started)
         return conn
+
+
+_watched: dict[str, type[WatchedConnection]] = {}
+_watched_lock = threading.Lock()
+
+
+def watched_class(alias: str) -> type[WatchedConnection]:
+    """The connection class of database ``alias``'s pool, with a ``Reachability`` of its
+    own."""
+    with _watched_lock:
+        found = _watched.get(alias)
+        if found is None:
+            found = type(
+                f"WatchedConnection_{alias}", (WatchedConnection,), {"reachability": Reachability()}
+            )
+            _watched[alias] = found
+        return found
 
 
 class Checkout:
@@ -103,6 +142,10 @@ class Checkout:
         return getattr(self.pool, name)
 
     def getconn(self, timeout: float | None = None) -> Any:
+        kind = self.pool.connection_class
+        reachability: Reachability | None = getattr(kind, "reachability", None)
+        if reachability is None:  # a pool of plain connections: its own wait
+            return self.pool.getconn(timeout)
         deadline = time.monotonic() + (self.pool.timeout if timeout is None else timeout)
         while True:
             away = reachability.away()
@@ -138,7 +181,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
             options["pool"] = {}
         pool = options.get("pool")
         if isinstance(pool, dict):
-            pool.setdefault("connection_class", WatchedConnection)
+            pool.setdefault("connection_class", watched_class(alias))
             pool.setdefault("reconnect_timeout", RECONNECT_SECONDS)
 
     @property
