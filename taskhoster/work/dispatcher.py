@@ -31,7 +31,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from django.db import DatabaseError, close_old_connections
@@ -384,7 +384,9 @@ class Dispatcher:
             self._timer_for(queue, due)
 
     def _retry_soon(self, queue: str) -> None:
-        self._timer_for(queue, datetime.now(UTC) + timedelta(seconds=CLAIM_RETRY_SECONDS))
+        """Look at ``queue`` again shortly, beside (not in place of) its delayed item's timer,
+        whose time is not known while the database is away."""
+        self.loop.call_later(CLAIM_RETRY_SECONDS, self.wake, queue)
 
     def _timer_for(self, queue: str, due: datetime) -> None:
         # An item already due that the claim passed over (its thread was busy changing) is
