@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from datetime import datetime
 from functools import partial
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from ..errors import Conflict, ItemNotFound, KeyRefused, QueueNotFound, TaskhosterError
 from ..faults import crash_point
@@ -109,6 +110,13 @@ class Group:
 
     def run(self) -> None:
         """Run every operation in one transaction; the caller answers afterwards."""
+        outermost = not connection.in_atomic_block
+        if outermost:
+            # Django sets this once its COMMIT succeeded, before it runs the commit's hooks
+            # (and turning autocommit back on, which can fail first, in a pipeline): with
+            # ``committed`` it says the group stands. A stale one, from a connection that
+            # failed there before, must not.
+            connection.run_commit_hooks_on_set_autocommit_on = False
         try:
             # (A group posting many items goes without the pipeline: see ``insert_rows``.)
             new_rows = sum(len(op.items) for op in self._posts())
@@ -122,15 +130,23 @@ class Group:
                     self.files.rollback()
                     raise
         except BaseException as exc:
-            if not self.committed:
+            committed = self.committed or (
+                outermost and connection.run_commit_hooks_on_set_autocommit_on
+            )
+            if not committed:
                 self.files.rollback()  # the commit itself failed (nothing left to undo otherwise)
                 raise
             if not isinstance(exc, Exception):
                 raise
-            # Committed, then the connection failed on the way out (a pipeline's end meeting
-            # the database gone): the group stands, and is answered and flushed as committed;
-            # undoing its files, or running it again, would contradict its rows.
+            # Committed, then the connection failed on the way out (autocommit turned back on,
+            # or a pipeline's end, meeting the database gone): the group stands, and is
+            # answered and flushed as committed; undoing its files, or running it again,
+            # would contradict its rows. Its news may be lost with its hooks: the sockets'
+            # backstop finds its items. The connection is given up (and its hooks with it).
             log.warning("a group of %d committed, then: %s", len(self.ops), exc)
+            self.committed = True
+            with suppress(Exception):  # (a broken connection may fail to close, too)
+                connection.close()
         crash_point("group.after_commit", group_size=len(self.ops))
         if any(isinstance(op, Post) for op in self.ops):
             crash_point("post.after_index")

@@ -113,3 +113,43 @@ def test_a_key_whose_item_was_deleted_earlier_in_the_group_posts_a_new_item(make
     assert made.created is True
     assert made.row.id != item.id
     assert row(made.row.id).key == "k"
+
+
+def test_a_group_that_committed_stands_when_its_connection_fails_on_the_way_out(
+    make_queue, monkeypatch
+):
+    """Django turns autocommit back on after its COMMIT, before the commit's hooks run (on
+    PostgreSQL, in a pipeline, a round trip): a connection lost there raises though the group
+    committed. The group stands: answered, its files kept, not run a second time (a claim run
+    again takes a second item, its first one left processing with its file put back). The
+    loss is the driver's, made here at Django's boundary: a real one cannot be timed to that
+    instant."""
+    from django.db import OperationalError, connection
+
+    from taskhoster.engine.common import store
+    from taskhoster.engine.ops import Claim
+    from taskhoster.models import Item
+    from taskhoster.status import State
+
+    make_queue("q")
+    post(payload=1)
+    post(payload=2)
+    real = connection._set_autocommit  # type: ignore[attr-defined]
+    lost: list[bool] = []
+
+    def lose_it_once(autocommit: bool) -> None:
+        if autocommit and connection.run_commit_hooks_on_set_autocommit_on and not lost:
+            lost.append(True)
+            if connection.vendor == "postgresql":  # (SQLite's file has no connection to lose)
+                connection.connection.close()  # gone, as a lost connection is
+            raise OperationalError("server closed the connection unexpectedly (a test's)")
+        real(autocommit)
+
+    monkeypatch.setattr(connection, "_set_autocommit", lose_it_once)
+    (answer,) = in_one_group(Claim(queue_name="q", max_items=1))
+    assert lost, "the connection was lost after the commit"
+    assert not isinstance(answer, BaseException), answer
+    (claimed,) = answer
+    processing = Item.objects.filter(status="processing").values_list("id", "lease")
+    assert list(processing) == [(claimed.row.id, claimed.row.lease)], "claimed once"
+    assert store().item_path("q", State.PROCESSING, claimed.row.id).exists(), "its file kept"
