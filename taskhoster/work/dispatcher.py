@@ -108,6 +108,7 @@ class Dispatcher:
         # The same, for local news only: the latest news generation that marked each.
         self.dirty_local: dict[str, int] = {}
         self.timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
+        self.retrying: dict[str, asyncio.TimerHandle] = {}  # a failed claim's look again
         self.backstop: asyncio.Task[None] | None = None
         self.reporter: asyncio.Task[None] | None = None
         self.tick = 0.0
@@ -385,8 +386,16 @@ class Dispatcher:
 
     def _retry_soon(self, queue: str) -> None:
         """Look at ``queue`` again shortly, beside (not in place of) its delayed item's timer,
-        whose time is not known while the database is away."""
-        self.loop.call_later(CLAIM_RETRY_SECONDS, self.wake, queue)
+        whose time is not known while the database is away; once per queue at a time, however
+        many claims fail meanwhile (each wake may start a claim that fails too)."""
+        if queue not in self.retrying:
+            self.retrying[queue] = self.loop.call_later(
+                CLAIM_RETRY_SECONDS, self._retry_fired, queue
+            )
+
+    def _retry_fired(self, queue: str) -> None:
+        self.retrying.pop(queue, None)
+        self.wake(queue)
 
     def _timer_for(self, queue: str, due: datetime) -> None:
         # An item already due that the claim passed over (its thread was busy changing) is

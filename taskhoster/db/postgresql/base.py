@@ -36,6 +36,7 @@ shared that another process could not find out the same way.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Any
@@ -52,7 +53,9 @@ HELD_SECONDS = 0.01  # (psycopg_pool hands out none, not even one it holds, with
 
 
 #: An attempt refused for want of room ("too many clients": SQLSTATE 53300, which psycopg
-#: does not carry on a failed connect) says nothing of whether the database answers.
+#: does not carry on a failed connect) says nothing of whether the database answers. (The
+#: server's English messages: with ``lc_messages`` in another language such a refusal
+#: counts as the database away, and only a held connection still serves.)
 NO_ROOM = ("too many clients", "remaining connection slots are reserved")
 
 
@@ -124,9 +127,10 @@ def watched_class(alias: str) -> type[WatchedConnection]:
     with _watched_lock:
         found = _watched.get(alias)
         if found is None:
-            found = type(
-                f"WatchedConnection_{alias}", (WatchedConnection,), {"reachability": Reachability()}
-            )
+            name = "WatchedConnection_" + re.sub(r"\W", "_", alias)
+            found = type(name, (WatchedConnection,), {"reachability": Reachability()})
+            found.__qualname__ = name
+            globals()[name] = found  # (so that it pickles, as settings do in a parallel run)
             _watched[alias] = found
         return found
 
@@ -177,10 +181,11 @@ class DatabaseWrapper(base.DatabaseWrapper):
     def __init__(self, settings_dict: dict[str, Any], alias: str = DEFAULT_DB_ALIAS) -> None:
         super().__init__(settings_dict, alias)
         options = self.settings_dict["OPTIONS"]
-        if options.get("pool") is True:
-            options["pool"] = {}
         pool = options.get("pool")
-        if isinstance(pool, dict):
+        if pool is True or isinstance(pool, dict):
+            # A copy: another alias may share the dict, and each has a class of its own.
+            pool = {} if pool is True else dict(pool)
+            options["pool"] = pool
             pool.setdefault("connection_class", watched_class(alias))
             pool.setdefault("reconnect_timeout", RECONNECT_SECONDS)
 
