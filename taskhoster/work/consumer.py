@@ -81,6 +81,7 @@ CLOSE_ABUSE = 4429
 ABUSE_WINDOW_SECONDS = 10.0
 ABUSE_ERRORS = 100
 UNAVAILABLE = "unavailable"  # a frame's error while the database is away (not counted above)
+DATABASE_AWAY = (OperationalError, InterfaceError)  # what a frame meets then
 
 
 class Held(NamedTuple):
@@ -340,7 +341,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
             answer: Answer = getattr(self, f"_on_{kind}")(message)
         except TaskhosterError as exc:
             answer = _now(self._error_frame(exc, message.get("id")))
-        except (OperationalError, InterfaceError) as exc:
+        except DATABASE_AWAY as exc:
             answer = _now(self._unavailable(message, exc))
         except Exception:
             answer = _now(self._failed(message))
@@ -352,7 +353,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
             return await answer
         except TaskhosterError as exc:
             return self._error_frame(exc, message.get("id"))
-        except (OperationalError, InterfaceError) as exc:
+        except DATABASE_AWAY as exc:
             return self._unavailable(message, exc)
         except Exception:
             return self._failed(message)
@@ -536,14 +537,14 @@ class WorkConsumer(AsyncWebsocketConsumer):
                         "accepted": False,
                         "error": {"code": exc.code, "message": exc.message},
                     }
-                except (OperationalError, InterfaceError) as exc:
+                except DATABASE_AWAY as exc:
                     # This entry's group met the database away; the others' may have
                     # committed: each says its own.
-                    frame = self._unavailable({"type": "result", "id": entry["id"]}, exc)
+                    error = self._unavailable({"type": "result", "id": entry["id"]}, exc)
                     ack = {
                         "id": entry["id"],
                         "accepted": False,
-                        "error": {"code": frame["code"], "message": frame["message"]},
+                        "error": {"code": error["code"], "message": error["message"]},
                     }
                 else:
                     assert ack is not None
@@ -604,7 +605,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
     ) -> dict[str, Any]:
         try:
             answer = await verdict
-        except (OperationalError, InterfaceError):
+        except DATABASE_AWAY:
             # Nothing was done (the database away): the attempt is still this socket's, for
             # the worker's fail sent again ("unavailable"), which finds it held.
             self.held.setdefault(item_id, holding)

@@ -161,9 +161,7 @@ class Checkout:
                     return self.pool.getconn(timeout=HELD_SECONDS)
                 except PoolTimeout:
                     if not reachability.may_try():
-                        raise psycopg.OperationalError(
-                            f"the database does not answer: {away}"
-                        ) from None
+                        raise _away_error(away) from None
             left = deadline - time.monotonic()
             try:
                 return self.pool.getconn(timeout=max(0.0, min(SLICE_SECONDS, left)))
@@ -172,9 +170,11 @@ class Checkout:
                     raise
                 away = reachability.away()
                 if away is not None:
-                    raise psycopg.OperationalError(
-                        f"the database does not answer: {away}"
-                    ) from None
+                    raise _away_error(away) from None
+
+
+def _away_error(away: str) -> psycopg.OperationalError:
+    return psycopg.OperationalError(f"the database does not answer: {away}")
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
