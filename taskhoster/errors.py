@@ -113,3 +113,10 @@ class StoreError(TaskhosterError):
 
     code = "store_error"
     http_status = 503
+
+
+class OutcomeUnknown(StoreError):
+    """The database connection was lost during the commit and the database could not be
+    asked, in time, whether it committed: nothing is acknowledged, the state directories are
+    left as they were before, and ``manage.py sweep --repair`` brings the index in line with
+    them."""

@@ -94,7 +94,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             headers={"Retry-After": f"{math.ceil(exc.retry_after)}"},
         )
     if isinstance(exc, TaskhosterError):
-        return Response(error_body(exc.code, exc.message), status=exc.http_status)
+        # Every 503 says when to try again (a store away, an outcome unknown).
+        again = {"Retry-After": "1"} if exc.http_status == 503 else None
+        return Response(error_body(exc.code, exc.message), status=exc.http_status, headers=again)
     if isinstance(exc, RequestDataTooBig):
         return Response(error_body("too_large", "the request body is too large"), status=413)
     if isinstance(exc, Http404):

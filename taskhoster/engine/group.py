@@ -25,15 +25,24 @@ the same shape here:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 from datetime import datetime
 from functools import partial
 from typing import Any
 
+from django.db import Error as DbError
 from django.db import connection, transaction
 
-from ..errors import Conflict, ItemNotFound, KeyRefused, QueueNotFound, TaskhosterError
+from ..errors import (
+    Conflict,
+    ItemNotFound,
+    KeyRefused,
+    OutcomeUnknown,
+    QueueNotFound,
+    TaskhosterError,
+)
 from ..faults import crash_point
 from ..ids import new_id
 from ..keys import principals_by_hash, refusal
@@ -83,6 +92,16 @@ from .tally import Tally
 
 log = logging.getLogger(__name__)
 
+# A group whose connection was lost during its COMMIT asks the database what became of its
+# transaction for this long (reconnecting) before it answers "outcome unknown": a database
+# that does not answer in this time is away (a restart), and the committer must not hold
+# every other operation back while it is. A session that still runs the transaction this
+# long after (its lost client not yet noticed by the server) is ended, which settles it
+# (ending it even mid-commit is safe: the status read afterwards is the outcome).
+OUTCOME_WAIT_SECONDS = 2.0
+LOST_SESSION_SECONDS = 0.5
+OUTCOME_ASK_EVERY = 0.1
+
 
 class Group:
     """The state of one group commit while it runs (see the module docstring)."""
@@ -105,12 +124,16 @@ class Group:
         self.copies: list[tuple[ItemRow, Any]] = []
         self.payloads: dict[str, Any] = {}  # of the keyed items made in this group
         self.committed = False  # set by the first of the commit's hooks
+        self.announced = False
+        self.outermost = False  # its own transaction, not a savepoint in its caller's
+        self.xid: int | None = None  # its transaction's, where a lost commit can be asked
+        self.committing = False  # its statements done: what fails now may have committed
 
     # -- running ------------------------------------------------------------------------
 
     def run(self) -> None:
         """Run every operation in one transaction; the caller answers afterwards."""
-        outermost = not connection.in_atomic_block
+        outermost = self.outermost = not connection.in_atomic_block
         if outermost:
             # Django sets this once its COMMIT succeeded, before it runs the commit's hooks
             # (and turning autocommit back on, which can fail first, in a pipeline): with
@@ -133,20 +156,25 @@ class Group:
             committed = self.committed or (
                 outermost and connection.run_commit_hooks_on_set_autocommit_on
             )
+            askable = self.committing and self.xid is not None
+            if not committed and askable and isinstance(exc, DbError):
+                committed = self._commit_outcome(exc)
             if not committed:
                 self.files.rollback()  # the commit itself failed (nothing left to undo otherwise)
                 raise
             if not isinstance(exc, Exception):
                 raise
-            # Committed, then the connection failed on the way out (autocommit turned back on,
-            # or a pipeline's end, meeting the database gone): the group stands, and is
-            # answered and flushed as committed; undoing its files, or running it again,
-            # would contradict its rows. Its news may be lost with its hooks: the sockets'
-            # backstop finds its items. The connection is given up (and its hooks with it).
+            # Committed, then the connection failed: during the COMMIT (its answer lost), or
+            # on the way out (autocommit turned back on, or a pipeline's end, meeting the
+            # database gone). The group stands, and is answered, flushed and announced as
+            # committed; undoing its files, or running it again, would contradict its rows.
+            # The connection is given up (and the hooks Django still holds with it).
             log.warning("a group of %d committed, then: %s", len(self.ops), exc)
             self.committed = True
             with suppress(Exception):  # (a broken connection may fail to close, too)
                 connection.close()
+            if not self.announced:
+                self._announce()
         crash_point("group.after_commit", group_size=len(self.ops))
         if any(isinstance(op, Post) for op in self.ops):
             crash_point("post.after_index")
@@ -158,6 +186,14 @@ class Group:
             crash_point("schedule.after_commit")
 
     def _run_in_transaction(self) -> None:
+        # Where a commit whose connection is lost can be asked about afterwards, a group that
+        # will change files asks its transaction's id first (answered with its first read).
+        # Not a group of claims alone, which may find nothing and change nothing: an id
+        # would make its commit a write to wait for; it asks at the end if it took items.
+        asked = None
+        claims_alone = all(isinstance(op, Claim) for op in self.ops)
+        if self.outermost and sql.dialect().outcome_by_id and not claims_alone:
+            asked = sql.transaction_id()
         self._check_keys()
         self._load()
         for op in self.ops:
@@ -184,13 +220,76 @@ class Group:
         sql.add_counts(dict(self.tally.counts), self.shard)
         self.files.apply_unlinks()
         crash_point("group.before_commit", group_size=len(self.ops))
+        if asked is not None:
+            self.xid = asked()
+        elif self.outermost and self.files.undo and sql.dialect().outcome_by_id:
+            self.xid = sql.transaction_id()()  # a claim's group that took items: one round trip
+        self.committing = True
         transaction.on_commit(self._mark_committed)
         # Robust: an error of the announcement (logged) must not reach ``run``, which would
         # undo the files of a group already committed.
-        transaction.on_commit(self.tally.announce, robust=True)
+        transaction.on_commit(self._announce, robust=True)
 
     def _mark_committed(self) -> None:
         self.committed = True
+
+    def _announce(self) -> None:
+        self.announced = True
+        try:
+            self.tally.announce()
+        except Exception:
+            log.exception("could not announce a group's changes")
+
+    def _commit_outcome(self, exc: DbError) -> bool:
+        """Whether this group's transaction committed, its connection lost during its COMMIT
+        (``exc``): asked of the database by the transaction's id, on a new connection, for up
+        to ``OUTCOME_WAIT_SECONDS``; a session still running the transaction after
+        ``LOST_SESSION_SECONDS`` is ended first. If no answer comes, the files are put back
+        (the files are the truth: ``sweep --repair`` makes the rows follow) and
+        ``OutcomeUnknown`` is raised: nothing is answered as done, nor done again."""
+        xid = self.xid
+        assert xid is not None
+        log.warning(
+            "the connection was lost during a group's commit (%s); asking whether "
+            "transaction %d committed",
+            exc,
+            xid,
+        )
+        started = time.monotonic()
+        ended = False
+        with suppress(Exception):  # (a broken connection may fail to close, too)
+            connection.close()
+        while True:
+            try:
+                status = sql.transaction_outcome(xid)
+                lingering = time.monotonic() - started >= LOST_SESSION_SECONDS
+                if status == "in progress" and lingering and not ended:
+                    sql.end_session_of(xid)
+                    ended = True
+            except DbError as error:
+                status = f"not asked: {error}"
+                with suppress(Exception):
+                    connection.close()
+            if status in ("committed", "aborted"):
+                log.warning("transaction %d was %s", xid, status)
+                return status == "committed"
+            if status is None or time.monotonic() - started >= OUTCOME_WAIT_SECONDS:
+                break
+            time.sleep(OUTCOME_ASK_EVERY)
+        self.files.rollback()
+        items = sorted({r.id for r in self.created} | set(self.rows))
+        log.error(
+            "could not learn whether transaction %d committed (%s); its group's files are put "
+            "back: run `manage.py sweep --repair` to bring the index in line with them "
+            "(items: %s)",
+            xid,
+            status,
+            ", ".join(items[:20]) + (" ..." if len(items) > 20 else ""),
+        )
+        raise OutcomeUnknown(
+            "the database connection was lost during the commit, and whether it committed "
+            "is unknown: nothing is acknowledged"
+        ) from exc
 
     def _answer(self, op: Op[Any], fn: Callable[..., Any], *args: Any) -> None:
         try:

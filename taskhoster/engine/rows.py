@@ -111,6 +111,9 @@ class Dialect:
     # statement's text does not change with their number, so the server can keep it
     # prepared (see ``_cursor``).
     arrays: bool
+    # A transaction's outcome can be asked for by its id once its connection is lost
+    # (``pg_xact_status``): ``transaction_id``, ``transaction_outcome``.
+    outcome_by_id: bool
 
 
 SQLITE = Dialect(
@@ -123,6 +126,7 @@ SQLITE = Dialect(
     advisory_locks=False,
     pipeline=False,
     arrays=False,
+    outcome_by_id=False,
 )
 POSTGRESQL = Dialect(
     vendor="postgresql",
@@ -134,11 +138,19 @@ POSTGRESQL = Dialect(
     advisory_locks=True,
     pipeline=True,
     arrays=True,
+    outcome_by_id=True,
 )
 
 
 # Any other database Django speaks: row locks and casts as PostgreSQL's, no advisory locks.
-OTHER = replace(POSTGRESQL, vendor="other", advisory_locks=False, pipeline=False, arrays=False)
+OTHER = replace(
+    POSTGRESQL,
+    vendor="other",
+    advisory_locks=False,
+    pipeline=False,
+    arrays=False,
+    outcome_by_id=False,
+)
 DIALECTS = {d.vendor: d for d in (SQLITE, POSTGRESQL)}
 
 
@@ -215,6 +227,41 @@ def group_transaction(pipelined: bool = True) -> Iterator[None]:
             with suppress(Exception):  # (the error being raised says what failed)
                 pipeline.sync()
             raise
+
+
+def transaction_id() -> Callable[[], int]:
+    """This transaction's id (``Dialect.outcome_by_id``), asked for now and read by calling
+    what is returned: in a pipeline, the answer comes with the next statement that is read,
+    so asking first costs no round trip of its own. Asking gives the transaction an id
+    (a write would have: the groups that ask write)."""
+    cursor = _cursor()
+    cursor.execute("SELECT pg_current_xact_id()::text")
+
+    def read() -> int:
+        return int(cursor.fetchone()[0])
+
+    return read
+
+
+def transaction_outcome(xid: int) -> str | None:
+    """What became of transaction ``xid``, asked on this thread's connection (a new one, once
+    the transaction's own was lost): ``"committed"``, ``"aborted"``, ``"in progress"`` (its
+    session has not ended yet), or None (too old to say)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_xact_status(%s::xid8)", [str(xid)])
+        row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+def end_session_of(xid: int) -> None:
+    """End the session still running transaction ``xid`` (a lost client's, which the server
+    has not noticed yet): it can then no longer commit, and its outcome is settled."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE backend_xid = xid(%s::xid8)",
+            [str(xid)],
+        )
 
 
 def _in_pipeline() -> bool:

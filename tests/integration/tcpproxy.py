@@ -5,6 +5,14 @@ faults for the client's retry and reconnect rules (nothing of ours is faked).
   connection is cut instead (the server did the work, the client never hears of it).
 - ``drop_all()``: cut every open connection (a worker's socket drops).
 - ``refuse = True``: accept and at once close new connections (the server is unreachable).
+- ``cut_at_commit(marker, reaches_server=...)``: once, on the first connection that sends a
+  ``COMMIT`` after sending ``marker`` (a PostgreSQL client: a statement's text), cut the
+  connection there: either before the ``COMMIT`` reaches the server (the transaction is
+  rolled back), or after, with the server's answer to it lost (it committed; the client
+  never hears). ``holds_server``: cut before, the server's end kept open (a network that
+  drops the rest: the server's session waits in its transaction, unaware). ``then_refuse``:
+  from the cut on, every other connection is cut too and new ones are refused (the
+  database away just then).
 """
 
 from __future__ import annotations
@@ -30,7 +38,21 @@ class TcpProxy:
         self._open: set[socket.socket] = set()
         self._upstream: set[socket.socket] = set()  # the proxy's own ends towards the target
         self._closed = False
+        self._commit_cut: tuple[bytes, bool, bool, bool] | None = None
+        self.commits_cut = 0
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut_at_commit(
+        self,
+        marker: bytes,
+        *,
+        reaches_server: bool,
+        holds_server: bool = False,
+        then_refuse: bool = False,
+    ) -> None:
+        """Arm the one cut described in the module's docstring."""
+        with self._lock:
+            self._commit_cut = (marker, reaches_server, holds_server, then_refuse)
 
     def _accept(self) -> None:
         while not self._closed:
@@ -54,25 +76,52 @@ class TcpProxy:
             with self._lock:
                 self._open.update((client, upstream))
                 self._upstream.add(upstream)
-            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+            link = _Link()
+            for args in ((client, upstream, False, link), (upstream, client, True, link)):
+                threading.Thread(target=self._pump, args=args, daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket, answers: bool) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, answers: bool, link: _Link) -> None:
         try:
             while data := source.recv(65536):
                 if answers:
                     with self._lock:
-                        lose = self.lose_answers > 0
-                        if lose:
+                        lose = self.lose_answers > 0 or link.lose_next
+                        if lose and not link.lose_next:
                             self.lose_answers -= 1
                             self.lost += 1
                     if lose:
                         break
+                elif self._commit_cut is not None and not self._at_commit(data, link):
+                    if link.holds_server:
+                        self._cut(source)  # the server's end stays open, unaware
+                        return
+                    break  # cut before the COMMIT reaches the server
                 sink.sendall(data)
+                if link.drop_all_after:
+                    link.drop_all_after = False
+                    self.drop_all()
         except OSError:
             pass
-        finally:
-            self._cut(source, sink)
+        self._cut(source, sink)
+
+    def _at_commit(self, data: bytes, link: _Link) -> bool:
+        """For a chunk a client sends while a cut is armed: whether to pass it on (and, if it
+        carries the COMMIT to cut after, lose the server's answers from now on)."""
+        with self._lock:
+            if self._commit_cut is None:
+                return True
+            marker, reaches_server, holds_server, then_refuse = self._commit_cut
+            link.marked = link.marked or marker in data
+            after_marker = data[data.find(marker) :] if marker in data else data
+            if not (link.marked and b"COMMIT" in after_marker):
+                return True
+            self._commit_cut = None
+            self.commits_cut += 1
+            link.lose_next = reaches_server
+            link.holds_server = holds_server and not reaches_server
+            self.refuse = self.refuse or then_refuse
+            link.drop_all_after = then_refuse
+            return reaches_server
 
     def _cut(self, *socks: socket.socket) -> None:
         for sock in socks:
@@ -106,3 +155,13 @@ class TcpProxy:
         with contextlib.suppress(OSError):
             self.listener.close()
         self.drop_all()
+
+
+class _Link:
+    """One proxied connection's state for ``cut_at_commit``."""
+
+    def __init__(self) -> None:
+        self.marked = False  # sent the marker
+        self.lose_next = False  # the server's answers from now on are lost, the link cut
+        self.holds_server = False  # cut on the client's side only
+        self.drop_all_after = False  # once this chunk is passed on, cut every connection

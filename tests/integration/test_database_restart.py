@@ -167,8 +167,12 @@ def test_a_database_restart_under_load_loses_nothing_acknowledged_and_answers_at
         assert answers.other == [], "every answer a 201 or a 503"
         assert answers.refused, "some posts met the database away"
         for _took, n, code, retry_after in answers.refused:
-            assert code == "unavailable", (n, code)
+            assert code in ("unavailable", "store_error"), (n, code)
             assert int(retry_after or 0) >= 1, (n, retry_after)
+        # The post in flight when the connections were cut may have lost its COMMIT's answer,
+        # with the database away to ask: "outcome unknown" (engine.group._commit_outcome).
+        unknown = [n for _took, n, code, _r in answers.refused if code == "store_error"]
+        assert len(unknown) <= 1, unknown
         assert answers.slowest < SLOW_ANSWER, f"an answer took {answers.slowest:.2f} s"
         assert answers.first_after is not None, "posts acknowledged once the database was back"
         assert answers.first_after < 5, answers.first_after

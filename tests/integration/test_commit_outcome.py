@@ -1,0 +1,158 @@
+"""A connection lost during a group's ``COMMIT``: the server learns whether it committed.
+
+The server reaches PostgreSQL through a TCP proxy the test controls. The proxy cuts the
+committing connection at the ``COMMIT`` of the operation under test: after the server received
+it (the transaction committed; its answer is lost) or before (it was rolled back). Either
+way the operation takes effect once, is answered as it took effect, and its file is where its
+row says: nothing is done twice (a post's retry meeting its own committed row, a claim taking
+a second item), and no committed change loses its file's move. A server's session left open
+by a network that dropped the COMMIT is ended, which settles it; and when the database cannot
+be asked at all, nothing is acknowledged and ``sweep --repair`` brings the rows in line with
+the files.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from django.conf import settings
+
+from taskhoster import engine
+from taskhoster.engine.common import store
+from taskhoster.engine.group import LOST_SESSION_SECONDS, OUTCOME_WAIT_SECONDS
+from taskhoster.engine.repair import repair
+from taskhoster.models import Item
+from taskhoster.status import State, Status
+
+from ..conftest import Server, database_url
+from .tcpproxy import TcpProxy
+from .test_processes import REDIS_URL
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        database_url().startswith("sqlite"), reason="a connection to lose: PostgreSQL"
+    ),
+]
+
+# What marks the connection to cut: a post's insert (the first one of a server, which
+# psycopg sends as text: later ones go by a prepared statement's name), or an item's id
+# (in the values of every statement that reads or changes its row).
+INSERT = b"INSERT INTO taskhoster_item "
+
+
+@pytest.fixture
+def served(transactional_db, state_root, make_key) -> Iterator[tuple[TcpProxy, httpx.Client]]:
+    db = settings.DATABASES["default"]
+    host, port = str(db.get("HOST") or "127.0.0.1"), int(str(db.get("PORT") or 5432))
+    proxy = TcpProxy(port)
+    proxied = database_url().replace(f"@{host}:{port}/", f"@127.0.0.1:{proxy.port}/")
+    assert f":{proxy.port}/" in proxied
+    env = {"DATABASE_URL": proxied}
+    if REDIS_URL:
+        env["REDIS_URL"] = REDIS_URL
+    engine.upsert_queue(name="q", body={"leaseSeconds": 300})
+    server = Server(state_root, **env).start()
+    headers = {"Authorization": f"Token {make_key()}"}
+    try:
+        with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:
+            yield proxy, http
+    finally:
+        server.stop()
+        proxy.close()
+
+
+def _state_of_file(item_id: str) -> State | None:
+    return store().locate("q", item_id, State.PENDING)
+
+
+def _post(http: httpx.Client, payload: object) -> str:
+    answer = http.post("/api/queues/q/items", json={"payload": payload})
+    assert answer.status_code == 201, answer.text
+    return str(answer.json()["id"])
+
+
+def _claim(http: httpx.Client) -> list[str]:
+    answer = http.post("/api/queues/q/claim", json={"max": 1})
+    assert answer.status_code == 200, answer.text
+    return [str(item["id"]) for item in answer.json()["items"]]
+
+
+@pytest.mark.parametrize("reaches_server", [True, False], ids=["answer-lost", "commit-lost"])
+def test_a_post_whose_commit_is_cut_is_made_once_with_its_file(served, reaches_server):
+    proxy, http = served
+    proxy.cut_at_commit(INSERT, reaches_server=reaches_server)
+    item_id = _post(http, "cut")
+    assert proxy.commits_cut == 1, "the proxy cut the post's COMMIT"
+    rows = list(Item.objects.values_list("id", "status"))
+    assert rows == [(item_id, Status.PENDING)], "one item, the one answered"
+    assert _state_of_file(item_id) is State.PENDING
+
+
+@pytest.mark.parametrize("reaches_server", [True, False], ids=["answer-lost", "commit-lost"])
+def test_a_claim_whose_commit_is_cut_takes_one_item_with_its_file(served, reaches_server):
+    proxy, http = served
+    first, second = _post(http, 1), _post(http, 2)
+    proxy.cut_at_commit(first.encode(), reaches_server=reaches_server)
+    claimed = _claim(http)
+    assert proxy.commits_cut == 1, "the proxy cut the claim's COMMIT"
+    assert claimed == [first], "the claim took the first item, and only it"
+    statuses = dict(Item.objects.values_list("id", "status"))
+    assert statuses == {first: Status.PROCESSING, second: Status.PENDING}
+    assert _state_of_file(first) is State.PROCESSING
+    assert _state_of_file(second) is State.PENDING
+
+
+@pytest.mark.parametrize("reaches_server", [True, False], ids=["answer-lost", "commit-lost"])
+def test_a_result_whose_commit_is_cut_is_accepted_once_with_its_file_done(served, reaches_server):
+    proxy, http = served
+    item_id = _post(http, 1)
+    assert _claim(http) == [item_id]
+    proxy.cut_at_commit(item_id.encode(), reaches_server=reaches_server)
+    answer = http.post(f"/api/items/{item_id}/result", json={"result": "ok"})
+    assert proxy.commits_cut == 1, "the proxy cut the result's COMMIT"
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["accepted"] is True, answer.json()
+    assert Item.objects.get(id=item_id).status == Status.FINISHED
+    assert _state_of_file(item_id) is State.DONE
+
+
+def test_a_commit_a_network_dropped_ends_the_waiting_session_and_posts_once(served):
+    """The COMMIT never reaches the server, whose session waits in its transaction (holding
+    its locks) for a client it does not know is gone: the group ends that session, learns
+    that it was rolled back, and runs again."""
+    proxy, http = served
+    proxy.cut_at_commit(INSERT, reaches_server=False, holds_server=True)
+    began = time.monotonic()
+    item_id = _post(http, "held")
+    took = time.monotonic() - began
+    assert proxy.commits_cut == 1, "the proxy cut the post's COMMIT"
+    assert took >= LOST_SESSION_SECONDS, "the group waited for the session, then ended it"
+    assert list(Item.objects.values_list("id", "status")) == [(item_id, Status.PENDING)]
+    assert _state_of_file(item_id) is State.PENDING
+
+
+def test_a_commit_whose_outcome_cannot_be_learned_acknowledges_nothing(served):
+    """The COMMIT reached the server (it committed) and the database is away from then on:
+    after ``OUTCOME_WAIT_SECONDS`` the post is answered 503 ``store_error``, its file put
+    back; ``sweep --repair`` then drops the row the files do not hold."""
+    proxy, http = served
+    proxy.cut_at_commit(INSERT, reaches_server=True, then_refuse=True)
+    began = time.monotonic()
+    answer = http.post("/api/queues/q/items", json={"payload": "unknown"})
+    took = time.monotonic() - began
+    assert proxy.commits_cut == 1, "the proxy cut the post's COMMIT"
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["code"] == "store_error", answer.text
+    assert answer.headers["retry-after"] == "1"
+    assert OUTCOME_WAIT_SECONDS <= took < OUTCOME_WAIT_SECONDS + 3, took
+    rows = dict(Item.objects.values_list("id", "status"))
+    assert len(rows) == 1, "the post committed, unheard"
+    assert [_state_of_file(i) for i in rows] == [None], "its file was put back"
+    proxy.refuse = False
+    report = repair(grace_seconds=0)
+    assert report.rows_removed == 1, str(report)
+    assert not Item.objects.exists(), "the files are the truth"
