@@ -201,3 +201,71 @@ def test_a_database_restart_under_load_loses_nothing_acknowledged_and_answers_at
         loop.close()
         server.stop()
         proxy.close()
+
+
+def test_a_socket_claim_that_met_the_database_away_is_made_again_once_it_is_back(
+    transactional_db, state_root, make_key
+):
+    """A socket's claim that fails (the database away) is made again a second later, and
+    again, until the database is back: nothing else would wake it here (no post, no verdict
+    of the socket's, the backstop a minute away). The socket's one slot frees when its
+    first item's result commits; its claim for the second item is held a second
+    (``dispatch.slow_claim``), and the database goes away meanwhile."""
+    db = settings.DATABASES["default"]
+    host, port = str(db.get("HOST") or "127.0.0.1"), int(str(db.get("PORT") or 5432))
+    proxy = TcpProxy(port)
+    proxied = database_url().replace(f"@{host}:{port}/", f"@127.0.0.1:{proxy.port}/")
+    env = {
+        "DATABASE_URL": proxied,
+        "TASKHOSTER_SOCKET_BACKSTOP_SECONDS": "60",
+        "TASKHOSTER_FAULT": "dispatch.slow_claim",
+    }
+    if REDIS_URL:
+        env["REDIS_URL"] = REDIS_URL
+    server = Server(state_root, **env).start()
+    key = make_key()
+    engine.upsert_queue(name="q", body={"leaseSeconds": 120})
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Token {key}"}) as http:
+        first, second = (
+            str(http.post("/api/queues/q/items", json={"payload": n}).json()["id"]) for n in (1, 2)
+        )
+    worker = Worker(server.url, key, capacity=1, reconnect_delay=0.2, reconnect_max_delay=1)
+    given: list[tuple[float, str]] = []
+    release = threading.Event()
+
+    @worker.handler("q")
+    def handle(job: Job) -> None:
+        given.append((time.monotonic(), job.id))
+        if job.id == first:
+            assert release.wait(30)
+
+    loop = asyncio.new_event_loop()
+    serving = threading.Thread(target=loop.run_until_complete, args=(worker.serve(),))
+    try:
+        serving.start()
+        deadline = time.monotonic() + 15
+        while not given and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [i for _t, i in given] == [first]
+        release.set()
+        while Item.objects.get(id=first).status != Status.FINISHED:
+            assert time.monotonic() < deadline, "the first item's result committed"
+            time.sleep(0.01)
+        proxy.refuse = True  # within the claim's held second
+        assert _terminate(proxy.upstream_ports()) > 0
+        time.sleep(4)
+        assert [i for _t, i in given] == [first], "nothing claimed while the database was away"
+        proxy.refuse = False
+        back = time.monotonic()
+        while len(given) < 2 and time.monotonic() < back + 30:
+            time.sleep(0.05)
+        assert [i for _t, i in given] == [first, second]
+        waited = given[1][0] - back
+        assert waited < 10, f"claimed {waited:.1f} s after the database's return"
+    finally:
+        release.set()
+        worker.stop(hand_back=True)
+        serving.join(15)
+        loop.close()
+        server.stop()
+        proxy.close()
