@@ -161,6 +161,17 @@ def _database() -> dict[str, object]:
         # away (taskhoster/db/postgresql/base.py), and attempts to connect that give up.
         config["ENGINE"] = "taskhoster.db.postgresql"
         options.setdefault("connect_timeout", 5)
+        # A network that drops packets (a failover that moves an address, a firewall change)
+        # answers nothing, not even a reset: an open connection is given up once data it
+        # sent stays unacknowledged for 10 s (``tcp_user_timeout``; TCP's own retransmissions
+        # take some 15 minutes), and an idle one once 3 probes 2 s apart, after 5 s idle, go
+        # unanswered. A slow query is not cut: the server's kernel acknowledges it. Any of
+        # these can be set in DATABASE_URL's query (``?tcp_user_timeout=30000``).
+        options.setdefault("tcp_user_timeout", 10_000)
+        options.setdefault("keepalives", 1)
+        options.setdefault("keepalives_idle", 5)
+        options.setdefault("keepalives_interval", 2)
+        options.setdefault("keepalives_count", 3)
         # The index can be rebuilt from the durable item files, so a commit need not wait
         # for the database's own flush.
         options.setdefault("options", "-c synchronous_commit=off")

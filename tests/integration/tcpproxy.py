@@ -24,11 +24,11 @@ import time
 
 
 class TcpProxy:
-    def __init__(self, target_port: int) -> None:
+    def __init__(self, target_port: int, listener: socket.socket | None = None) -> None:
         self.target = ("127.0.0.1", target_port)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.listener = listener or socket.create_server(("127.0.0.1", 0))
+        self.host, self.port = self.listener.getsockname()[:2]
+        self.url = f"http://{self.host}:{self.port}"
         self.lose_answers = 0
         self.refuse = False
         self.accepted = 0

@@ -1,0 +1,92 @@
+"""The network to PostgreSQL starts dropping packets: a connection already open is found dead
+within seconds, not after TCP's own retransmissions (some 15 minutes).
+
+A failover that moves an address, a firewall or security-group change, a NAT that forgets a
+connection: the packets of the server's open connections go nowhere and nothing answers,
+neither a reset nor a refusal. The server reaches PostgreSQL through a TCP proxy that listens
+in a network namespace of its own, joined by a veth pair (``netpartition``); the test takes
+that link down, and every packet either way is lost (a real loss, which a proxy in user space
+cannot make alone: its kernel acknowledges what it receives). A post made then is answered
+503 within the connection options' bound (``tcp_user_timeout``, then ``connect_timeout`` for
+a new connection), later ones too, and once the link is back posts are acknowledged again.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from django.conf import settings
+
+from taskhoster import engine
+
+from ..conftest import Server, database_url
+from .netpartition import Partition
+from .tcpproxy import TcpProxy
+from .test_processes import REDIS_URL
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        database_url().startswith("sqlite"), reason="a network to a database server: PostgreSQL"
+    ),
+]
+
+# What the server's connection options bound (project/settings.py): data unacknowledged for
+# at most ``tcp_user_timeout``, and a new connection's attempt for ``connect_timeout``.
+TCP_USER_TIMEOUT = 10.0
+CONNECT_TIMEOUT = 5.0
+
+
+def test_a_network_that_drops_packets_is_found_out_in_seconds(
+    transactional_db, state_root, make_key
+):
+    db = settings.DATABASES["default"]
+    host, port = str(db.get("HOST") or "127.0.0.1"), int(str(db.get("PORT") or 5432))
+    partition = Partition()
+    proxy = server = None
+    try:
+        proxy = TcpProxy(port, listener=partition.listen())
+        proxied = database_url().replace(f"@{host}:{port}/", f"@{proxy.host}:{proxy.port}/")
+        assert f"@{partition.far}:" in proxied
+        env = {"DATABASE_URL": proxied}
+        if REDIS_URL:
+            env["REDIS_URL"] = REDIS_URL
+        server = Server(state_root, **env).start()
+        engine.upsert_queue(name="q", body={"leaseSeconds": 120})
+        headers = {"Authorization": f"Token {make_key()}"}
+        # The post in flight: its group's connection given up, then the committer's two
+        # tries on new connections (each up to ``connect_timeout``); a margin for a loaded
+        # machine.
+        bound = TCP_USER_TIMEOUT + 2 * CONNECT_TIMEOUT + 5
+        with httpx.Client(base_url=server.url, headers=headers, timeout=60) as http:
+            for n in range(3):  # every connection the post needs is open
+                assert http.post("/api/queues/q/items", json={"payload": n}).status_code == 201
+            partition.cut()
+            began = time.monotonic()
+            took: list[float] = []
+            while time.monotonic() - began < bound + 5:
+                sent = time.monotonic()
+                answer = http.post("/api/queues/q/items", json={"payload": "lost"})
+                took.append(time.monotonic() - sent)
+                assert answer.status_code == 503, answer.text
+                assert answer.json()["error"]["code"] in ("unavailable", "store_error")
+                assert took[-1] < bound, f"answered after {took[-1]:.1f} s (at most {bound} s)"
+                time.sleep(0.2)
+            assert took[-1] < 2, f"found away: answered at once ({took})"
+            partition.heal()
+            deadline = time.monotonic() + 30
+            while True:
+                answer = http.post("/api/queues/q/items", json={"payload": "back"})
+                if answer.status_code == 201:
+                    break
+                assert answer.status_code == 503, answer.text
+                assert time.monotonic() < deadline, "posts acknowledged once packets flow"
+                time.sleep(0.5)
+    finally:
+        if server is not None:
+            server.stop()
+        if proxy is not None:
+            proxy.close()
+        partition.close()
