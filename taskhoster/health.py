@@ -25,6 +25,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -186,15 +187,26 @@ def report() -> tuple[bool, dict[str, Any]]:
     return _with_committer(*_parts_report())
 
 
-def _parts_report() -> tuple[bool, dict[str, Any]]:
+# Each part of the report, and its check (in the order checked).
+PARTS: dict[str, Callable[[], dict[str, Any]]] = {
+    "database": database,
+    "bus": bus,
+    "stateRoot": state_root,
+}
+
+
+def _parts_report(checking: Callable[[str], None] | None = None) -> tuple[bool, dict[str, Any]]:
     """(healthy, the body of ``/healthz``) but for the committer, which is added as it is
-    when the report is read: ``_with_committer``."""
-    parts = {
-        "database": database(),
-        "bus": bus(),
-        "stateRoot": state_root(),
-    }
+    when the report is read: ``_with_committer``. ``checking`` hears each part's name as its
+    check begins."""
+    parts: dict[str, dict[str, Any]] = {}
+    for name, check in PARTS.items():
+        if checking is not None:
+            checking(name)
+        parts[name] = check()
     healthy = all(part["reachable"] for part in parts.values())
+    if checking is not None:
+        checking("channelLayer")
     body: dict[str, Any] = {
         "status": "ok" if healthy else "unavailable",
         "process": metrics.PROCESS,
@@ -207,10 +219,14 @@ def _parts_report() -> tuple[bool, dict[str, Any]]:
 
 class Monitor:
     """Keeps this process's report fresh in a thread of its own (``HEALTH_INTERVAL``), so
-    ``/healthz`` is answered at once from the latest, however busy the process is."""
+    ``/healthz`` is answered at once from the latest, however busy the process is. A check
+    that does not answer (a network that drops packets answers nothing for seconds) is
+    itself the news: once it has waited three intervals, the report says that part does
+    not answer, at once, rather than going stale."""
 
     def __init__(self) -> None:
         self.latest: tuple[float, bool, dict[str, Any]] | None = None
+        self.checking: tuple[str, float] | None = None  # the part being checked, since
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
 
@@ -223,12 +239,30 @@ class Monitor:
                 self.thread.start()
 
     def current(self) -> tuple[bool, dict[str, Any]] | None:
-        """The latest report if it is fresh (made within three intervals), else None; with
-        the committer's backlog as it is now."""
-        latest = self.latest
-        if latest is None or time.monotonic() - latest[0] > 3 * get_conf().health_interval:
+        """The latest report, with the committer's backlog as it is now, if it is fresh (made
+        within three intervals) or the check after it is under way; if that check has waited
+        three intervals, the latest with that part not answering; None (Django's view
+        answers) before the first report, or while the monitor is stuck outside a check."""
+        latest, checking = self.latest, self.checking
+        now, stale = time.monotonic(), 3 * get_conf().health_interval
+        if latest is None:
             return None
-        return _with_committer(latest[1], latest[2])
+        if checking is None and now - latest[0] > stale:
+            return None  # the monitor is stuck elsewhere: Django's view answers
+        if checking is None or now - checking[1] <= stale:
+            # Fresh, or its next check is under way and not yet overdue.
+            return _with_committer(latest[1], latest[2])
+        part, since = checking
+        body = {**latest[2], "status": "unavailable"}
+        body[part] = {
+            **body.get(part, {}),
+            "reachable": False,
+            "error": f"its check has not answered for {now - since:.0f} s",
+        }
+        return _with_committer(False, body)
+
+    def _checking(self, part: str) -> None:
+        self.checking = (part, time.monotonic())
 
     def _log_changes(self, body: dict[str, Any]) -> None:
         """Say in the log when a part stops answering (with its error, which /healthz tells
@@ -253,10 +287,13 @@ class Monitor:
         while True:
             started = time.monotonic()
             try:
-                healthy, body = _parts_report()
-                body["checkedAt"] = round(time.time(), 3)
-                self._log_changes(body)
-                self.latest = (time.monotonic(), healthy, body)
+                try:
+                    healthy, body = _parts_report(self._checking)
+                    body["checkedAt"] = round(time.time(), 3)
+                    self._log_changes(body)
+                    self.latest = (time.monotonic(), healthy, body)
+                finally:
+                    self.checking = None  # (after the report it leads to: see ``current``)
                 close_old_connections()
             except Exception:
                 log.exception("the health monitor could not make its report")

@@ -31,6 +31,13 @@ class Partition:
             self._ip("link", "set", f"{self.name}a", "up")
             self._ip("-n", self.name, "addr", "add", f"{self.far}/30", "dev", self._far_link)
             self._ip("-n", self.name, "link", "set", "lo", "up")
+            # The far end's address stays known (as a gateway's is): packets to it are sent
+            # and lost, rather than refused at once for want of an answer to ARP.
+            far_mac = self._far_mac()
+            self._ip(
+                "neigh", "replace", self.far, "lladdr", far_mac, "dev", f"{self.name}a",
+                "nud", "permanent",
+            )  # fmt: skip
             self.heal()
         except BaseException:
             self.close()
@@ -39,6 +46,15 @@ class Partition:
     @property
     def _far_link(self) -> str:
         return f"{self.name}b"
+
+    def _far_mac(self) -> str:
+        shown = subprocess.run(
+            ["ip", "-n", self.name, "-o", "link", "show", self._far_link],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        return shown.split("link/ether", 1)[1].split()[0]
 
     @staticmethod
     def _ip(*args: str) -> None:

@@ -8,12 +8,16 @@ in a network namespace of its own, joined by a veth pair (``netpartition``); the
 that link down, and every packet either way is lost (a real loss, which a proxy in user space
 cannot make alone: its kernel acknowledges what it receives). A post made then is answered
 503 within the connection options' bound (``tcp_user_timeout``, then ``connect_timeout`` for
-a new connection), later ones too, and once the link is back posts are acknowledged again.
+a new connection), later ones at once, and once the link is back posts are acknowledged
+again. ``/healthz`` answers at once throughout, and says the database does not answer once
+its check has waited three intervals (3 s), not when the check gives up.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -39,13 +43,22 @@ TCP_USER_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 5.0
 
 
+def _health(url: str, stop: threading.Event, seen: list[tuple[float, float, int, Any]]) -> None:
+    """``/healthz`` every 0.2 s until ``stop``: (when sent, seconds it took, status, body)."""
+    while not stop.is_set():
+        sent = time.monotonic()
+        answer = httpx.get(f"{url}/healthz", timeout=60)
+        seen.append((sent, time.monotonic() - sent, answer.status_code, answer.json()))
+        time.sleep(0.2)
+
+
 def test_a_network_that_drops_packets_is_found_out_in_seconds(
     transactional_db, state_root, make_key
 ):
     db = settings.DATABASES["default"]
     host, port = str(db.get("HOST") or "127.0.0.1"), int(str(db.get("PORT") or 5432))
     partition = Partition()
-    proxy = server = None
+    proxy = server = stop = None
     try:
         proxy = TcpProxy(port, listener=partition.listen())
         proxied = database_url().replace(f"@{host}:{port}/", f"@{proxy.host}:{proxy.port}/")
@@ -63,6 +76,10 @@ def test_a_network_that_drops_packets_is_found_out_in_seconds(
         with httpx.Client(base_url=server.url, headers=headers, timeout=60) as http:
             for n in range(3):  # every connection the post needs is open
                 assert http.post("/api/queues/q/items", json={"payload": n}).status_code == 201
+            stop = threading.Event()
+            health: list[tuple[float, float, int, Any]] = []
+            polling = threading.Thread(target=_health, args=(server.url, stop, health))
+            polling.start()
             partition.cut()
             began = time.monotonic()
             took: list[float] = []
@@ -75,6 +92,18 @@ def test_a_network_that_drops_packets_is_found_out_in_seconds(
                 assert took[-1] < bound, f"answered after {took[-1]:.1f} s (at most {bound} s)"
                 time.sleep(0.2)
             assert took[-1] < 2, f"found away: answered at once ({took})"
+            stop.set()
+            polling.join(70)
+            slowest = max(t for _s, t, _c, _b in health)
+            assert slowest < 2, f"/healthz took {slowest:.1f} s"
+            away = [s - began for s, _t, c, b in health if c == 503 and s > began]
+            assert away, "/healthz said the database is away"
+            assert away[0] < 6, f"/healthz said the database is away after {away[0]:.1f} s"
+            assert all(
+                c == 503 and b["database"]["reachable"] is False
+                for s, _t, c, b in health
+                if s - began > away[0]
+            ), "and went on saying so"
             partition.heal()
             deadline = time.monotonic() + 30
             while True:
@@ -85,6 +114,8 @@ def test_a_network_that_drops_packets_is_found_out_in_seconds(
                 assert time.monotonic() < deadline, "posts acknowledged once packets flow"
                 time.sleep(0.5)
     finally:
+        if stop is not None:
+            stop.set()
         if server is not None:
             server.stop()
         if proxy is not None:
