@@ -118,5 +118,5 @@ class StoreError(TaskhosterError):
 class OutcomeUnknown(StoreError):
     """The database connection was lost during the commit and the database could not be
     asked, in time, whether it committed: nothing is acknowledged, the state directories are
-    left as they were before, and ``manage.py sweep --repair`` brings the index in line with
-    them."""
+    left as the operation wrote them (as a crash before its commit leaves them), and
+    ``manage.py sweep --repair`` brings the index in line with them."""

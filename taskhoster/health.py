@@ -226,7 +226,10 @@ class Monitor:
 
     def __init__(self) -> None:
         self.latest: tuple[float, bool, dict[str, Any]] | None = None
-        self.checking: tuple[str, float] | None = None  # the part being checked, since
+        # (the latest report, the part whose check is under way and since when): one value,
+        # so that ``current`` never sees a new report beside an old check or the reverse.
+        self.state: tuple[tuple[float, bool, dict[str, Any]] | None, tuple[str, float] | None]
+        self.state = (None, None)
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
 
@@ -243,10 +246,10 @@ class Monitor:
         within three intervals) or the check after it is under way; if that check has waited
         three intervals, the latest with that part not answering; None (Django's view
         answers) before the first report, or while the monitor is stuck outside a check."""
-        latest, checking = self.latest, self.checking
+        latest, checking = self.state
         now, stale = time.monotonic(), 3 * get_conf().health_interval
-        if latest is None:
-            return None
+        if latest is None or now - latest[0] > 10 * stale:
+            return None  # none yet, or the monitor has failed for long: Django's view answers
         if checking is None and now - latest[0] > stale:
             return None  # the monitor is stuck elsewhere: Django's view answers
         if checking is None or now - checking[1] <= stale:
@@ -262,7 +265,7 @@ class Monitor:
         return _with_committer(False, body)
 
     def _checking(self, part: str) -> None:
-        self.checking = (part, time.monotonic())
+        self.state = (self.state[0], (part, time.monotonic()))
 
     def _log_changes(self, body: dict[str, Any]) -> None:
         """Say in the log when a part stops answering (with its error, which /healthz tells
@@ -293,7 +296,7 @@ class Monitor:
                     self._log_changes(body)
                     self.latest = (time.monotonic(), healthy, body)
                 finally:
-                    self.checking = None  # (after the report it leads to: see ``current``)
+                    self.state = (self.latest, None)
                 close_old_connections()
             except Exception:
                 log.exception("the health monitor could not make its report")

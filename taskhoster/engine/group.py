@@ -103,6 +103,15 @@ LOST_SESSION_SECONDS = 0.5
 OUTCOME_ASK_EVERY = 0.1
 
 
+def _connection_lost(exc: DbError) -> bool:
+    """Whether ``exc`` says the connection was lost (no answer of the database's, or one that
+    ends the session: SQLSTATE class 08, or 57P, an operator's or a crash's shutdown). An
+    error the database answered otherwise (a key race's, a statement's) says the
+    transaction did not commit."""
+    state = getattr(exc.__cause__, "sqlstate", None)
+    return state is None or state.startswith(("08", "57P"))
+
+
 class Group:
     """The state of one group commit while it runs (see the module docstring)."""
 
@@ -157,7 +166,7 @@ class Group:
                 outermost and connection.run_commit_hooks_on_set_autocommit_on
             )
             askable = self.committing and self.xid is not None
-            if not committed and askable and isinstance(exc, DbError):
+            if not committed and askable and isinstance(exc, DbError) and _connection_lost(exc):
                 committed = self._commit_outcome(exc)
             if not committed:
                 self.files.rollback()  # the commit itself failed (nothing left to undo otherwise)
@@ -244,9 +253,10 @@ class Group:
         """Whether this group's transaction committed, its connection lost during its COMMIT
         (``exc``): asked of the database by the transaction's id, on a new connection, for up
         to ``OUTCOME_WAIT_SECONDS``; a session still running the transaction after
-        ``LOST_SESSION_SECONDS`` is ended first. If no answer comes, the files are put back
-        (the files are the truth: ``sweep --repair`` makes the rows follow) and
-        ``OutcomeUnknown`` is raised: nothing is answered as done, nor done again."""
+        ``LOST_SESSION_SECONDS`` is ended first. If no answer comes, the files are left as
+        the group wrote them (the files are the truth: ``sweep --repair`` makes the rows
+        follow) and ``OutcomeUnknown`` is raised: nothing is answered as done, nor done
+        again."""
         xid = self.xid
         assert xid is not None
         log.warning(
@@ -276,12 +286,16 @@ class Group:
             if status is None or time.monotonic() - started >= OUTCOME_WAIT_SECONDS:
                 break
             time.sleep(OUTCOME_ASK_EVERY)
-        self.files.rollback()
+        # The files stay as the group left them (not flushed, nothing acknowledged): if the
+        # transaction committed they agree with its rows; if not, they are ahead of them, as
+        # a crash between a group's files and its commit leaves them, which every transition
+        # and repair already handles. (Putting them back could undo the change of a group
+        # that took these items once the lost session's locks were gone.)
         items = sorted({r.id for r in self.created} | set(self.rows))
         log.error(
-            "could not learn whether transaction %d committed (%s); its group's files are put "
-            "back: run `manage.py sweep --repair` to bring the index in line with them "
-            "(items: %s)",
+            "could not learn whether transaction %d committed (%s); its group's files are "
+            "left as it wrote them: run `manage.py sweep --repair` to bring the index in line "
+            "with them (items: %s)",
             xid,
             status,
             ", ".join(items[:20]) + (" ..." if len(items) > 20 else ""),

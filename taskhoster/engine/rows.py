@@ -232,8 +232,9 @@ def group_transaction(pipelined: bool = True) -> Iterator[None]:
 def transaction_id() -> Callable[[], int]:
     """This transaction's id (``Dialect.outcome_by_id``), asked for now and read by calling
     what is returned: in a pipeline, the answer comes with the next statement that is read,
-    so asking first costs no round trip of its own. Asking gives the transaction an id
-    (a write would have: the groups that ask write)."""
+    so asking first costs no round trip of its own (outside one, a round trip). Asking gives
+    the transaction an id (a write would have; a group whose operations are all refused
+    then commits a transaction that changed nothing)."""
     cursor = _cursor()
     cursor.execute("SELECT pg_current_xact_id()::text")
 

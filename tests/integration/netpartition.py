@@ -23,6 +23,7 @@ class Partition:
         self.name = f"thp{os.getpid()}"
         octet = os.getpid() % 250 + 1
         self.near, self.far = f"10.213.{octet}.1", f"10.213.{octet}.2"
+        self.close()  # what a killed run of this process's number may have left
         self._ip("netns", "add", self.name)
         try:
             self._ip("link", "add", f"{self.name}a", "type", "veth", "peer", "name", self._far_link)

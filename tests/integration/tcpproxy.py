@@ -92,6 +92,8 @@ class TcpProxy:
                     if lose:
                         break
                 elif self._commit_cut is not None and not self._at_commit(data, link):
+                    if link.drop_all_after:
+                        self.drop_all()
                     if link.holds_server:
                         self._cut(source)  # the server's end stays open, unaware
                         return
@@ -111,6 +113,8 @@ class TcpProxy:
             if self._commit_cut is None:
                 return True
             marker, reaches_server, holds_server, then_refuse = self._commit_cut
+            if b"BEGIN" in data:  # a transaction begins: marked only by what it sends
+                link.marked = marker in data[data.rfind(b"BEGIN") :]
             link.marked = link.marked or marker in data
             after_marker = data[data.find(marker) :] if marker in data else data
             if not (link.marked and b"COMMIT" in after_marker):

@@ -7,8 +7,8 @@ way the operation takes effect once, is answered as it took effect, and its file
 row says: nothing is done twice (a post's retry meeting its own committed row, a claim taking
 a second item), and no committed change loses its file's move. A server's session left open
 by a network that dropped the COMMIT is ended, which settles it; and when the database cannot
-be asked at all, nothing is acknowledged and ``sweep --repair`` brings the rows in line with
-the files.
+be asked at all, nothing is acknowledged and the files are left as written (as a crash
+before the commit leaves them: ``sweep --repair`` brings the rows in line with them).
 """
 
 from __future__ import annotations
@@ -137,12 +137,14 @@ def test_a_commit_a_network_dropped_ends_the_waiting_session_and_posts_once(serv
 
 def test_a_commit_whose_outcome_cannot_be_learned_acknowledges_nothing(served):
     """The COMMIT reached the server (it committed) and the database is away from then on:
-    after ``OUTCOME_WAIT_SECONDS`` the post is answered 503 ``store_error``, its file put
-    back; ``sweep --repair`` then drops the row the files do not hold."""
+    after ``OUTCOME_WAIT_SECONDS`` the post is answered 503 ``store_error``, and its file is
+    left as written (here, where its committed row says: nothing for repair to do). The
+    same post sent again with a key finds it, as after any answer lost."""
     proxy, http = served
     proxy.cut_at_commit(INSERT, reaches_server=True, then_refuse=True)
     began = time.monotonic()
-    answer = http.post("/api/queues/q/items", json={"payload": "unknown"})
+    body = {"payload": "unknown", "key": "k1"}
+    answer = http.post("/api/queues/q/items", json=body)
     took = time.monotonic() - began
     assert proxy.commits_cut == 1, "the proxy cut the post's COMMIT"
     assert answer.status_code == 503, answer.text
@@ -150,9 +152,15 @@ def test_a_commit_whose_outcome_cannot_be_learned_acknowledges_nothing(served):
     assert answer.headers["retry-after"] == "1"
     assert OUTCOME_WAIT_SECONDS <= took < OUTCOME_WAIT_SECONDS + 3, took
     rows = dict(Item.objects.values_list("id", "status"))
-    assert len(rows) == 1, "the post committed, unheard"
-    assert [_state_of_file(i) for i in rows] == [None], "its file was put back"
+    assert list(rows.values()) == [Status.PENDING], "the post committed, unheard"
+    (item_id,) = rows
+    assert _state_of_file(item_id) is State.PENDING, "its file left as written"
     proxy.refuse = False
     report = repair(grace_seconds=0)
-    assert report.rows_removed == 1, str(report)
-    assert not Item.objects.exists(), "the files are the truth"
+    assert (report.rows_removed, report.rows_added, report.rows_corrected) == (0, 0, 0)
+    deadline = time.monotonic() + 10
+    while (again := http.post("/api/queues/q/items", json=body)).status_code == 503:
+        assert time.monotonic() < deadline, again.text
+        time.sleep(0.2)
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == item_id, "the key finds the post that committed"
