@@ -18,7 +18,6 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from django.conf import settings
 
 from taskhoster import engine
 from taskhoster.engine.common import store
@@ -29,7 +28,7 @@ from taskhoster.status import State, Status
 
 from ..conftest import Server, database_url
 from .tcpproxy import TcpProxy
-from .test_processes import REDIS_URL
+from .test_database_restart import env_through, proxy_to_database
 
 pytestmark = [
     pytest.mark.slow,
@@ -46,16 +45,9 @@ INSERT = b"INSERT INTO taskhoster_item "
 
 @pytest.fixture
 def served(transactional_db, state_root, make_key) -> Iterator[tuple[TcpProxy, httpx.Client]]:
-    db = settings.DATABASES["default"]
-    host, port = str(db.get("HOST") or "127.0.0.1"), int(str(db.get("PORT") or 5432))
-    proxy = TcpProxy(port)
-    proxied = database_url().replace(f"@{host}:{port}/", f"@127.0.0.1:{proxy.port}/")
-    assert f":{proxy.port}/" in proxied
-    env = {"DATABASE_URL": proxied}
-    if REDIS_URL:
-        env["REDIS_URL"] = REDIS_URL
+    proxy = proxy_to_database()
     engine.upsert_queue(name="q", body={"leaseSeconds": 300})
-    server = Server(state_root, **env).start()
+    server = Server(state_root, **env_through(proxy)).start()
     headers = {"Authorization": f"Token {make_key()}"}
     try:
         with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:

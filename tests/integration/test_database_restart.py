@@ -15,6 +15,7 @@ item in ``processing``.
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,6 +44,24 @@ pytestmark = [
 
 POST_EVERY = 0.01
 SLOW_ANSWER = 3.0  # seconds: an answer slower than this is a long wait (before: 30 s)
+
+
+def proxy_to_database(listener: socket.socket | None = None) -> TcpProxy:
+    """A ``TcpProxy`` in front of the tests' PostgreSQL (listening on ``listener`` if given)."""
+    return TcpProxy(int(str(settings.DATABASES["default"].get("PORT") or 5432)), listener)
+
+
+def env_through(proxy: TcpProxy, **extra: str) -> dict[str, str]:
+    """A server's environment whose database is reached through ``proxy`` (Redis as the
+    tests' own), with ``extra``."""
+    db = settings.DATABASES["default"]
+    host, port = str(db.get("HOST") or "127.0.0.1"), int(str(db.get("PORT") or 5432))
+    proxied = database_url().replace(f"@{host}:{port}/", f"@{proxy.host}:{proxy.port}/")
+    assert f"@{proxy.host}:{proxy.port}/" in proxied
+    env = {"DATABASE_URL": proxied, **extra}
+    if REDIS_URL:
+        env["REDIS_URL"] = REDIS_URL
+    return env
 
 
 @dataclass
@@ -111,14 +130,8 @@ def test_a_database_restart_under_load_loses_nothing_acknowledged_and_answers_at
 ):
     """Down 4 s (a restart), and 12 s: longer than the pool's own retries took to come
     back (1 s, 2 s, 4 s, 8 s apart)."""
-    db = settings.DATABASES["default"]
-    host, port = str(db.get("HOST") or "127.0.0.1"), int(str(db.get("PORT") or 5432))
-    proxy = TcpProxy(port)
-    proxied = database_url().replace(f"@{host}:{port}/", f"@127.0.0.1:{proxy.port}/")
-    assert f":{proxy.port}/" in proxied
-    env = {"DATABASE_URL": proxied, "TASKHOSTER_SOCKET_BACKSTOP_SECONDS": "60"}
-    if REDIS_URL:
-        env["REDIS_URL"] = REDIS_URL
+    proxy = proxy_to_database()
+    env = env_through(proxy, TASKHOSTER_SOCKET_BACKSTOP_SECONDS="60")
     server = Server(state_root, **env).start()
     finished: set[str] = set()
     key = make_key()
@@ -211,17 +224,10 @@ def test_a_socket_claim_that_met_the_database_away_is_made_again_once_it_is_back
     of the socket's, the backstop a minute away). The socket's one slot frees when its
     first item's result commits; its claim for the second item is held a second
     (``dispatch.slow_claim``), and the database goes away meanwhile."""
-    db = settings.DATABASES["default"]
-    host, port = str(db.get("HOST") or "127.0.0.1"), int(str(db.get("PORT") or 5432))
-    proxy = TcpProxy(port)
-    proxied = database_url().replace(f"@{host}:{port}/", f"@127.0.0.1:{proxy.port}/")
-    env = {
-        "DATABASE_URL": proxied,
-        "TASKHOSTER_SOCKET_BACKSTOP_SECONDS": "60",
-        "TASKHOSTER_FAULT": "dispatch.slow_claim",
-    }
-    if REDIS_URL:
-        env["REDIS_URL"] = REDIS_URL
+    proxy = proxy_to_database()
+    env = env_through(
+        proxy, TASKHOSTER_SOCKET_BACKSTOP_SECONDS="60", TASKHOSTER_FAULT="dispatch.slow_claim"
+    )
     server = Server(state_root, **env).start()
     key = make_key()
     engine.upsert_queue(name="q", body={"leaseSeconds": 120})

@@ -21,14 +21,12 @@ from typing import Any
 
 import httpx
 import pytest
-from django.conf import settings
 
 from taskhoster import engine
 
 from ..conftest import Server, database_url
 from .netpartition import Partition
-from .tcpproxy import TcpProxy
-from .test_processes import REDIS_URL
+from .test_database_restart import env_through, proxy_to_database
 
 pytestmark = [
     pytest.mark.slow,
@@ -55,18 +53,12 @@ def _health(url: str, stop: threading.Event, seen: list[tuple[float, float, int,
 def test_a_network_that_drops_packets_is_found_out_in_seconds(
     transactional_db, state_root, make_key
 ):
-    db = settings.DATABASES["default"]
-    host, port = str(db.get("HOST") or "127.0.0.1"), int(str(db.get("PORT") or 5432))
     partition = Partition()
     proxy = server = stop = None
     try:
-        proxy = TcpProxy(port, listener=partition.listen())
-        proxied = database_url().replace(f"@{host}:{port}/", f"@{proxy.host}:{proxy.port}/")
-        assert f"@{partition.far}:" in proxied
-        env = {"DATABASE_URL": proxied}
-        if REDIS_URL:
-            env["REDIS_URL"] = REDIS_URL
-        server = Server(state_root, **env).start()
+        proxy = proxy_to_database(partition.listen())
+        assert proxy.host == partition.far
+        server = Server(state_root, **env_through(proxy)).start()
         engine.upsert_queue(name="q", body={"leaseSeconds": 120})
         headers = {"Authorization": f"Token {make_key()}"}
         # The post in flight: its group's connection given up, then the committer's two
