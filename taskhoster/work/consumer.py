@@ -58,7 +58,7 @@ from django.db import InterfaceError, OperationalError
 
 from .. import contract, engine
 from ..conf import get_conf
-from ..errors import InvalidInput, ItemNotFound, TaskhosterError, TooLarge
+from ..errors import InvalidInput, ItemNotFound, OutcomeUnknown, TaskhosterError, TooLarge
 from ..faults import fault, raise_if_armed
 from ..ids import is_valid_id
 from ..keys import Principal, authenticate, parse_authorization
@@ -81,7 +81,10 @@ CLOSE_ABUSE = 4429
 ABUSE_WINDOW_SECONDS = 10.0
 ABUSE_ERRORS = 100
 UNAVAILABLE = "unavailable"  # a frame's error while the database is away (not counted above)
-DATABASE_AWAY = (OperationalError, InterfaceError)  # what a frame meets then
+# What a frame meets then: the database's errors, and a commit whose outcome the database
+# could not be asked for (sent again, a verdict that did commit is refused harmlessly; one
+# that did not, taken: its files were left as written).
+DATABASE_AWAY = (OperationalError, InterfaceError, OutcomeUnknown)
 
 
 class Held(NamedTuple):
