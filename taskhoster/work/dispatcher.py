@@ -4,10 +4,11 @@ sockets.
 When a queue may have claimable items (news from the engine, from another process, a freed
 slot, a new subscription, or a delayed item coming due), the dispatcher makes ONE claim for
 that queue of up to the free capacity of all its sockets serving the queue that no claim in
-flight has reserved yet, and deals the items out, least recently served first. So 50 idle
-sockets and one new item cost one claim, not fifty; and a slot freed while a claim is in
-flight is claimed for at once, so it can join the next group commit. News arriving while
-every free slot is reserved marks the queue to be looked at once more afterwards.
+flight has reserved yet, and deals the items out round the sockets, least recently served
+first, one each before any gets two. So 50 idle sockets and one new item cost one claim,
+not fifty; and a slot freed while a claim is in flight is claimed for at once, so it can
+join the next group commit. News arriving while every free slot is reserved marks the
+queue to be looked at once more afterwards.
 
 A claim that finds nothing arms a timer for the queue's next delayed item. In case a piece
 of news was lost, a backstop runs every ``SOCKET_BACKSTOP_SECONDS``: ONE query for all the
@@ -47,6 +48,7 @@ from . import registry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+W = TypeVar("W")
 
 GAUGE_INTERVAL = 1.0
 # A claim that failed (the database away, most often) is made again after this long, with
@@ -264,18 +266,15 @@ class Dispatcher:
                 (w for w in self.serving.get(queue, ()) if self._free(w) > 0),
                 key=lambda w: w.last_served,
             )
-            shares: dict[Worker, int] = {}
-            total = 0
             # One claim takes at most MAX_CLAIM items, as a REST claim does; slots left over
             # are claimed for again at once (``again`` below).
-            most = get_conf().max_claim
-            for worker in wanting:
-                share = min(self._free(worker), most - total)
-                if share <= 0:
-                    break
-                shares[worker] = share
+            slots = deal_order(wanting, self._free, get_conf().max_claim)
+            shares: dict[Worker, int] = {}
+            for worker in slots:
+                shares[worker] = shares.get(worker, 0) + 1
+            for worker, share in shares.items():
                 worker.reserved += share
-                total += share
+            total = len(slots)
             if not shares:
                 # Every free slot was reserved, since this claim was asked for, by a claim of
                 # another queue of these sockets (a subscribe to several queues wakes them
@@ -287,7 +286,6 @@ class Dispatcher:
                 await asyncio.sleep(1.0)
             # Each item is for one slot, in order: its holder's name goes into the attempt's
             # story with the claim (``_deal`` hands each to the socket it was claimed for).
-            slots = [w for w, share in shares.items() for _ in range(share)]
             try:
                 op = engine.Claim(
                     queue_name=queue, max_items=total, holders=tuple(w.name for w in slots)
@@ -329,21 +327,15 @@ class Dispatcher:
             self.wake(name)
 
     async def _deal(self, claimed: list[engine.Claimed], slots: list[Worker]) -> None:
-        """Hand each item to the socket it was claimed for (``slots``, least recently
-        served first), if that socket is still open, subscribed to the item's queue (it may
-        have subscribed anew while the claim was in flight) and not drained. A socket that
-        takes several items per frame (``batch``) gets its share in as few frames as it
-        allows."""
+        """Hand each item to the socket it was claimed for (``slots``, in ``deal_order``), if
+        that socket is still open, subscribed to the item's queue (it may have subscribed
+        anew while the claim was in flight) and not drained. A socket that takes several
+        items per frame (``batch``) gets its share in as few frames as it allows."""
         unplaced: list[engine.Claimed] = []
-        start = 0
-        pairs = list(zip(claimed, slots, strict=False))
-        while start < len(pairs):
-            worker = pairs[start][1]
-            end = start + 1
-            while end < len(pairs) and pairs[end][1] is worker:
-                end += 1
-            share = [item for item, _w in pairs[start:end]]
-            start = end
+        shares: dict[Worker, list[engine.Claimed]] = {}
+        for item, worker in zip(claimed, slots, strict=False):
+            shares.setdefault(worker, []).append(item)
+        for worker, share in shares.items():
             if worker not in self.workers:
                 unplaced.extend(share)
                 continue
@@ -537,6 +529,21 @@ class Dispatcher:
             self.backstop.cancel()
         for _at, handle in self.timers.values():
             handle.cancel()
+
+
+def deal_order(wanting: Sequence[W], free: Callable[[W], int], most: int) -> list[W]:
+    """The slots one claim is made for, one entry per slot, at most ``most``: round the
+    sockets (``wanting``, least recently served first), one free slot of each per round. The
+    claim's items fill them in this order, so the items it finds, however few, go one to each
+    socket before any socket gets two (three idle sockets and three items: one each, not all
+    three to the first while two wait)."""
+    left = [(worker, free(worker)) for worker in wanting]
+    left = [(worker, n) for worker, n in left if n > 0]
+    slots: list[W] = []
+    while left and len(slots) < most:
+        slots.extend(worker for worker, _n in left[: most - len(slots)])
+        left = [(worker, n - 1) for worker, n in left if n > 1]
+    return slots
 
 
 _dispatcher: Dispatcher | None = None

@@ -166,6 +166,39 @@ def test_items_are_spread_fairly_over_sockets(server, http, key):
     asyncio.run(run())
 
 
+def test_items_that_come_together_are_dealt_one_per_socket_before_any_gets_two(server, http, key):
+    """Items one claim takes together (a batch: one commit, one piece of news, one claim for
+    every free slot) are dealt round the sockets, least recently served first: not all to
+    the first socket while the others, idle, wait. (CI caught the sequential posts above
+    taken by one claim once, when a post committed before the claim its news woke.)"""
+    make_queue(http)
+
+    async def run():
+        sockets = [await connect(server, key) for _ in range(3)]
+        for ws in sockets:
+            await subscribe(ws, ["q"], 5)
+            await ping(ws)
+        for ws in sockets:
+            await assert_nothing_before(ws, PONG)
+        answer = http.post(
+            "/api/queues/q/items", json={"items": [{"payload": n} for n in range(6)]}
+        )
+        assert answer.status_code == 201, answer.text
+        ids = [i["id"] for i in answer.json()["items"]]
+        # Two each (six items, three sockets of five free slots): a third item for a socket
+        # would come before its PONG.
+        got = []
+        for ws in sockets:
+            got += [(await recv(ws, 30))["id"] for _ in range(2)]
+            await ping(ws)
+            await assert_nothing_before(ws, PONG)
+        assert sorted(got) == sorted(ids)
+        for ws in sockets:
+            await ws.close()
+
+    asyncio.run(run())
+
+
 def test_resubscribe_replaces_queues_and_capacity(server, http, key):
     make_queue(http, "a")
     make_queue(http, "b")
