@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import gc
 import os
 import random
 import signal
@@ -15,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -131,14 +133,38 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     os.environ["PGAPPNAME"] = item.nodeid[-63:]
 
 
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call" and report.failed:
+        item.stash[_FAILED] = True
+    return report
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """Before a test's fixtures end: a queue it deleted in this process is reclaimed by a
     thread behind the answer; let it finish, or its statements meet the flush of the test
-    database (on PostgreSQL a deadlock with the TRUNCATE)."""
+    database (on PostgreSQL a deadlock with the TRUNCATE).
+
+    And a test that failed may have left what it would have closed open (its assertion came
+    first: a websocket, a client): collected here, quietly, not at some later test's
+    garbage collection, where the ``ResourceWarning`` would fail that test too."""
     for thread in threading.enumerate():
         if thread.name == RECLAIM_THREAD:
             thread.join(60)
+    if item.stash.get(_FAILED, False):
+        # pytest keeps the failure (for a debugger) until the next test: its frames hold
+        # what the test had open.
+        for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+            with contextlib.suppress(AttributeError):
+                delattr(sys, name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
 
 
 def quiesce_engine(within: float = 60.0) -> None:
