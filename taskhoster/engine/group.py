@@ -135,7 +135,8 @@ class Group:
         self.committed = False  # set by the first of the commit's hooks
         self.announced = False
         self.outermost = False  # its own transaction, not a savepoint in its caller's
-        self.xid: int | None = None  # its transaction's, where a lost commit can be asked
+        # Its transaction's id, where a lost commit can be asked about.
+        self.xid: sql.TransactionId | None = None
         self.committing = False  # its statements done: what fails now may have committed
 
     # -- running ------------------------------------------------------------------------
@@ -257,8 +258,9 @@ class Group:
         the group wrote them (the files are the truth: ``sweep --repair`` makes the rows
         follow) and ``OutcomeUnknown`` is raised: nothing is answered as done, nor done
         again."""
-        xid = self.xid
-        assert xid is not None
+        asked = self.xid
+        assert asked is not None
+        xid = asked.xid
         log.warning(
             "the connection was lost during a group's commit (%s); asking whether "
             "transaction %d committed",
@@ -271,7 +273,7 @@ class Group:
             connection.close()
         while True:
             try:
-                status = sql.transaction_outcome(xid)
+                status = sql.transaction_outcome(asked)
                 lingering = time.monotonic() - started >= LOST_SESSION_SECONDS
                 if status == "in progress" and lingering and not ended:
                     sql.end_session_of(xid)

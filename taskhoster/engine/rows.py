@@ -229,29 +229,60 @@ def group_transaction(pipelined: bool = True) -> Iterator[None]:
             raise
 
 
-def transaction_id() -> Callable[[], int]:
+@dataclass(frozen=True)
+class TransactionId:
+    """A transaction's id, and when the server that gave it started: a server that crashed
+    gives again the ids of transactions it lost (those whose records it had not written),
+    so an id names one transaction only within one run of its server."""
+
+    xid: int
+    server_started: str
+
+
+def transaction_id() -> Callable[[], TransactionId]:
     """This transaction's id (``Dialect.outcome_by_id``), asked for now and read by calling
     what is returned: in a pipeline, the answer comes with the next statement that is read,
     so asking first costs no round trip of its own (outside one, a round trip). Asking gives
     the transaction an id (a write would have; a group whose operations are all refused
     then commits a transaction that changed nothing)."""
     cursor = _cursor()
-    cursor.execute("SELECT pg_current_xact_id()::text")
+    cursor.execute("SELECT pg_current_xact_id()::text, pg_postmaster_start_time()::text")
 
-    def read() -> int:
-        return int(cursor.fetchone()[0])
+    def read() -> TransactionId:
+        xid, started = cursor.fetchone()
+        return TransactionId(int(xid), started)
 
     return read
 
 
-def transaction_outcome(xid: int) -> str | None:
-    """What became of transaction ``xid``, asked on this thread's connection (a new one, once
-    the transaction's own was lost): ``"committed"``, ``"aborted"``, ``"in progress"`` (its
-    session has not ended yet), or None (too old to say)."""
+def transaction_outcome(asked: TransactionId) -> str | None:
+    """What became of transaction ``asked``, asked on this thread's connection (a new one,
+    once the transaction's own was lost): ``"committed"``, ``"aborted"``, ``"in progress"``
+    (its session has not ended yet), or None (too old to say). Of a server started again
+    since it gave the id: ``"aborted"`` where the id is not yet given again, or is another
+    transaction's that is running or rolled back (the transaction's own session ended with
+    the server, and its commit, had it been written, would be the id's status), or None
+    where it says ``"committed"``: that may be the transaction's own commit, written before a
+    crash, or another's, given the id after the crash lost the first, and nothing says
+    which."""
+    xid = str(asked.xid)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_xact_status(%s::xid8)", [str(xid)])
+        # Of a server started again, an id at or past its snapshot's end is not given again
+        # yet or is a transaction's still running (pg_xact_status would refuse the first).
+        cursor.execute(
+            "SELECT pg_postmaster_start_time() = %s::timestamptz, CASE "
+            "WHEN pg_postmaster_start_time() = %s::timestamptz "
+            "OR %s::xid8 < pg_snapshot_xmax(pg_current_snapshot()) "
+            "THEN pg_xact_status(%s::xid8) END",
+            [asked.server_started, asked.server_started, xid, xid],
+        )
         row = cursor.fetchone()
-    return None if row is None else row[0]
+    if row is None:
+        return None
+    same_run, status = row
+    if same_run:
+        return None if status is None else str(status)
+    return None if status == "committed" else "aborted"
 
 
 def end_session_of(xid: int) -> None:

@@ -10,9 +10,11 @@ faults for the client's retry and reconnect rules (nothing of ours is faked).
   connection there: either before the ``COMMIT`` reaches the server (the transaction is
   rolled back), or after, with the server's answer to it lost (it committed; the client
   never hears). ``holds_server``: cut before, the server's end kept open (a network that
-  drops the rest: the server's session waits in its transaction, unaware). ``then_refuse``:
-  from the cut on, every other connection is cut too and new ones are refused (the
-  database away just then).
+  drops the rest: the server's session waits in its transaction, unaware). ``holds_client``:
+  cut before, the client's end kept open (it waits for the ``COMMIT``'s answer) until
+  ``release_held()`` cuts it, whatever the server does meanwhile (the test crashes it).
+  ``then_refuse``: from the cut on, every other connection is cut too and new ones are
+  refused (the database away just then).
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ class TcpProxy:
         self._open: set[socket.socket] = set()
         self._upstream: set[socket.socket] = set()  # the proxy's own ends towards the target
         self._closed = False
-        self._commit_cut: tuple[bytes, bool, bool, bool] | None = None
+        self._commit_cut: tuple[bytes, bool, bool, bool, bool] | None = None
         self.commits_cut = 0
+        self._held: list[socket.socket] = []  # clients' ends kept open (``holds_client``)
         threading.Thread(target=self._accept, daemon=True).start()
 
     def cut_at_commit(
@@ -48,11 +51,18 @@ class TcpProxy:
         *,
         reaches_server: bool,
         holds_server: bool = False,
+        holds_client: bool = False,
         then_refuse: bool = False,
     ) -> None:
         """Arm the one cut described in the module's docstring."""
         with self._lock:
-            self._commit_cut = (marker, reaches_server, holds_server, then_refuse)
+            self._commit_cut = (marker, reaches_server, holds_server, holds_client, then_refuse)
+
+    def release_held(self) -> None:
+        """Cut the clients' ends that ``holds_client`` kept open."""
+        with self._lock:
+            held, self._held = self._held, []
+        self._cut(*held)
 
     def _accept(self) -> None:
         while not self._closed:
@@ -97,6 +107,10 @@ class TcpProxy:
                     if link.holds_server:
                         self._cut(source)  # the server's end stays open, unaware
                         return
+                    if link.holds_client:
+                        with self._lock:
+                            self._held.append(source)  # the client waits for an answer
+                        return
                     break  # cut before the COMMIT reaches the server
                 sink.sendall(data)
                 if link.drop_all_after:
@@ -104,6 +118,9 @@ class TcpProxy:
                     self.drop_all()
         except OSError:
             pass
+        if answers and link.holds_client:
+            self._cut(source)  # the server's end; the client's is held
+            return
         self._cut(source, sink)
 
     def _at_commit(self, data: bytes, link: _Link) -> bool:
@@ -112,7 +129,7 @@ class TcpProxy:
         with self._lock:
             if self._commit_cut is None:
                 return True
-            marker, reaches_server, holds_server, then_refuse = self._commit_cut
+            marker, reaches_server, holds_server, holds_client, then_refuse = self._commit_cut
             if b"BEGIN" in data:  # a transaction begins: marked only by what it sends
                 link.marked = marker in data[data.rfind(b"BEGIN") :]
             link.marked = link.marked or marker in data
@@ -123,6 +140,7 @@ class TcpProxy:
             self.commits_cut += 1
             link.lose_next = reaches_server
             link.holds_server = holds_server and not reaches_server
+            link.holds_client = holds_client and not reaches_server
             self.refuse = self.refuse or then_refuse
             link.drop_all_after = then_refuse
             return reaches_server
@@ -168,4 +186,5 @@ class _Link:
         self.marked = False  # sent the marker
         self.lose_next = False  # the server's answers from now on are lost, the link cut
         self.holds_server = False  # cut on the client's side only
+        self.holds_client = False  # cut on the server's side only, the client's held
         self.drop_all_after = False  # once this chunk is passed on, cut every connection

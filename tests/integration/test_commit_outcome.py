@@ -13,10 +13,14 @@ before the commit leaves them: ``sweep --repair`` brings the rows in line with t
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 
 import httpx
+import psycopg
 import pytest
 
 from taskhoster import engine
@@ -26,7 +30,9 @@ from taskhoster.engine.repair import repair
 from taskhoster.models import Item
 from taskhoster.status import State, Status
 
-from ..conftest import Server, database_url
+from ..conftest import REPO, Server, database_url, server_env
+from . import ownpostgres
+from .ownpostgres import OwnPostgres
 from .tcpproxy import TcpProxy
 from .test_database_restart import env_through, proxy_to_database
 
@@ -41,6 +47,9 @@ pytestmark = [
 # psycopg sends as text: later ones go by a prepared statement's name), or an item's id
 # (in the values of every statement that reads or changes its row).
 INSERT = b"INSERT INTO taskhoster_item "
+# Transactions a test runs on a crashed server started again, to give again the ids the
+# crash lost (the server's own since the crash take some too).
+REUSED = 100
 
 
 @pytest.fixture
@@ -156,3 +165,77 @@ def test_a_commit_whose_outcome_cannot_be_learned_acknowledges_nothing(served):
         time.sleep(0.2)
     assert again.status_code == 200, again.text
     assert again.json()["id"] == item_id, "the key finds the post that committed"
+
+
+@pytest.mark.skipif(
+    not ownpostgres.available(),
+    reason="a PostgreSQL of the test's own to crash: root and PostgreSQL's server programs",
+)
+def test_a_commit_lost_in_a_database_crash_is_not_taken_for_another_that_reused_its_id(
+    state_root,
+):
+    """The database crashes while a post's ``COMMIT`` is on its way: the transaction is lost
+    (its records were in the server's memory), and the server, started again, gives its id
+    to new transactions, which commit. Asked about that id, it says "committed": of another
+    transaction. The post must not be answered as made (201 for an item with no row), and
+    is not: the server's start time, read with the id, says the id was given again, and
+    "committed" then proves nothing (503 ``store_error``; or, where the transaction's
+    records had been written before the crash and the id not given again, "aborted" and the
+    post made anew). Before, the post was answered 201 and its item did not exist."""
+    pg = OwnPostgres()
+    try:
+        pg.start()
+        env = server_env(state_root, DATABASE_URL=pg.url)
+        manage = [sys.executable, "manage.py"]
+        subprocess.run(
+            [*manage, "migrate", "--noinput"], cwd=REPO, env=env, check=True, capture_output=True
+        )
+        made = subprocess.run(
+            [*manage, "createkey", "--name", "t", "--scopes", "produce,manage"],
+            cwd=REPO,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        proxy = TcpProxy(pg.port)
+        proxied = pg.url.replace(f":{pg.port}/", f":{proxy.port}/")
+        server = Server(state_root, DATABASE_URL=proxied).start()
+        headers = {"Authorization": f"Token {made.stdout.strip()}"}
+        try:
+            with httpx.Client(base_url=server.url, headers=headers, timeout=60) as http:
+                assert http.put("/api/queues/q", json={}).status_code == 201
+                proxy.cut_at_commit(INSERT, reaches_server=False, holds_client=True)
+                answers: list[httpx.Response] = []
+                poster = threading.Thread(
+                    target=lambda: answers.append(
+                        http.post("/api/queues/q/items", json={"payload": "lost"})
+                    )
+                )
+                poster.start()
+                deadline = time.monotonic() + 30
+                while proxy.commits_cut == 0:
+                    assert time.monotonic() < deadline, "the post's COMMIT never came"
+                    time.sleep(0.005)
+                pg.crash()
+                pg.start()
+                with psycopg.connect(pg.url, autocommit=True) as direct:
+                    for _ in range(REUSED):
+                        with direct.transaction():
+                            direct.execute("SELECT pg_current_xact_id()")
+                proxy.release_held()  # the post's connection is lost now: it asks
+                poster.join(60)
+            (answer,) = answers
+            with psycopg.connect(pg.url) as direct:
+                rows = direct.execute("SELECT id FROM taskhoster_item").fetchall()
+            if answer.status_code == 201:
+                assert rows == [(answer.json()["id"],)], "answered 201: the item exists"
+            else:
+                assert answer.status_code == 503, answer.text
+                assert answer.json()["error"]["code"] == "store_error", answer.text
+                assert rows == []
+        finally:
+            server.stop()
+            proxy.close()
+    finally:
+        pg.remove()
