@@ -231,12 +231,14 @@ def group_transaction(pipelined: bool = True) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class TransactionId:
-    """A transaction's id, and when the server that gave it started: a server that crashed
-    gives again the ids of transactions it lost (those whose records it had not written),
-    so an id names one transaction only within one run of its server."""
+    """A transaction's id, with when its server started and when the transaction began (the
+    server's clocks): a server that crashed, whole or one session of it, gives again the ids
+    of the transactions it lost (those whose records it had not written), so an id alone
+    does not name one transaction (``transaction_outcome``)."""
 
     xid: int
     server_started: str
+    began: str
 
 
 def transaction_id() -> Callable[[], TransactionId]:
@@ -246,41 +248,53 @@ def transaction_id() -> Callable[[], TransactionId]:
     the transaction an id (a write would have; a group whose operations are all refused
     then commits a transaction that changed nothing)."""
     cursor = _cursor()
-    cursor.execute("SELECT pg_current_xact_id()::text, pg_postmaster_start_time()::text")
+    cursor.execute(
+        "SELECT pg_current_xact_id()::text, pg_postmaster_start_time()::text, now()::text"
+    )
 
     def read() -> TransactionId:
-        xid, started = cursor.fetchone()
-        return TransactionId(int(xid), started)
+        xid, started, began = cursor.fetchone()
+        return TransactionId(int(xid), started, began)
 
     return read
+
+
+# Whether a transaction's id is still its own (the first column), and, where the server may
+# have given it again, whether it can say anything of it. A crash of the whole server shows
+# as a new start time; a crash of one session makes the server start over without one, but
+# recovery ends in a checkpoint, whose next id is the first the server gives from then on:
+# an id at or past that of a checkpoint begun since the transaction began may be given
+# again (a checkpoint of its own in that second, rare, only makes the answer unknown).
+_OUTCOME = (
+    "WITH s AS (SELECT pg_postmaster_start_time() = %s::timestamptz AND NOT ("
+    "c.checkpoint_time >= date_trunc('second', %s::timestamptz) "
+    "AND %s::xid8 >= ((split_part(c.next_xid, ':', 1)::bigint << 32) "
+    "| split_part(c.next_xid, ':', 2)::bigint)::text::xid8) AS own "
+    "FROM pg_control_checkpoint() c) "
+    "SELECT own, CASE WHEN own OR %s::xid8 < pg_snapshot_xmax(pg_current_snapshot()) "
+    "THEN pg_xact_status(%s::xid8) END FROM s"
+)
 
 
 def transaction_outcome(asked: TransactionId) -> str | None:
     """What became of transaction ``asked``, asked on this thread's connection (a new one,
     once the transaction's own was lost): ``"committed"``, ``"aborted"``, ``"in progress"``
-    (its session has not ended yet), or None (too old to say). Of a server started again
-    since it gave the id: ``"aborted"`` where the id is not yet given again, or is another
-    transaction's that is running or rolled back (the transaction's own session ended with
-    the server, and its commit, had it been written, would be the id's status), or None
-    where it says ``"committed"``: that may be the transaction's own commit, written before a
-    crash, or another's, given the id after the crash lost the first, and nothing says
-    which."""
+    (its session has not ended yet), or None (too old to say).
+
+    Of a server that crashed since the transaction began: ``"aborted"`` where the id is not
+    given again yet, or is another transaction's that is running or rolled back (the
+    transaction's own session ended in the crash, and its commit, had it been written,
+    would be the id's status); None where it says ``"committed"``: that may be the
+    transaction's own commit, written before the crash, or another's, given the id after
+    the crash lost the first, and nothing says which."""
     xid = str(asked.xid)
     with connection.cursor() as cursor:
-        # Of a server started again, an id at or past its snapshot's end is not given again
-        # yet or is a transaction's still running (pg_xact_status would refuse the first).
-        cursor.execute(
-            "SELECT pg_postmaster_start_time() = %s::timestamptz, CASE "
-            "WHEN pg_postmaster_start_time() = %s::timestamptz "
-            "OR %s::xid8 < pg_snapshot_xmax(pg_current_snapshot()) "
-            "THEN pg_xact_status(%s::xid8) END",
-            [asked.server_started, asked.server_started, xid, xid],
-        )
+        cursor.execute(_OUTCOME, [asked.server_started, asked.began, xid, xid, xid])
         row = cursor.fetchone()
     if row is None:
         return None
-    same_run, status = row
-    if same_run:
+    own, status = row
+    if own:
         return None if status is None else str(status)
     return None if status == "committed" else "aborted"
 

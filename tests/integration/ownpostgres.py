@@ -10,9 +10,13 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
+
+import psycopg
 
 from ..conftest import free_port
 
@@ -61,6 +65,24 @@ class OwnPostgres:
         """Stop at once, as a crash does: every process killed, nothing written first (what
         the server had in memory only, its WAL buffers among it, is gone)."""
         self._run("pg_ctl", "-D", str(self.dir / "data"), "-m", "immediate", "stop")
+
+    def crash_one_session(self) -> None:
+        """Kill one session's process, as the kernel's out-of-memory killer might: the server
+        ends every other session and recovers, without a restart of its own (its start time
+        stays); returns once it takes connections again."""
+        with psycopg.connect(self.url, autocommit=True) as victim:
+            pid = victim.execute("SELECT pg_backend_pid()").fetchone()
+            assert pid is not None
+            os.kill(int(pid[0]), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with psycopg.connect(self.url, connect_timeout=5) as again:
+                    again.execute("SELECT 1")
+                return
+            except psycopg.OperationalError:
+                assert time.monotonic() < deadline, "the server did not recover"
+                time.sleep(0.05)
 
     def remove(self) -> None:
         with contextlib.suppress(subprocess.CalledProcessError):  # not running

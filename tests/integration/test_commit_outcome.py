@@ -171,8 +171,9 @@ def test_a_commit_whose_outcome_cannot_be_learned_acknowledges_nothing(served):
     not ownpostgres.available(),
     reason="a PostgreSQL of the test's own to crash: root and PostgreSQL's server programs",
 )
+@pytest.mark.parametrize("crash", ["server", "one-session"])
 def test_a_commit_lost_in_a_database_crash_is_not_taken_for_another_that_reused_its_id(
-    state_root,
+    state_root, crash
 ):
     """The database crashes while a post's ``COMMIT`` is on its way: the transaction is lost
     (its records were in the server's memory), and the server, started again, gives its id
@@ -181,7 +182,11 @@ def test_a_commit_lost_in_a_database_crash_is_not_taken_for_another_that_reused_
     is not: the server's start time, read with the id, says the id was given again, and
     "committed" then proves nothing (503 ``store_error``; or, where the transaction's
     records had been written before the crash and the id not given again, "aborted" and the
-    post made anew). Before, the post was answered 201 and its item did not exist."""
+    post made anew). Before, the post was answered 201 and its item did not exist.
+
+    The crash is of the whole server (stopped at once, started again: a new start time) or
+    of one session's process (the server ends the others and recovers without a restart:
+    its recovery's checkpoint says which ids it gives again)."""
     pg = OwnPostgres()
     try:
         pg.start()
@@ -217,8 +222,11 @@ def test_a_commit_lost_in_a_database_crash_is_not_taken_for_another_that_reused_
                 while proxy.commits_cut == 0:
                     assert time.monotonic() < deadline, "the post's COMMIT never came"
                     time.sleep(0.005)
-                pg.crash()
-                pg.start()
+                if crash == "server":
+                    pg.crash()
+                    pg.start()
+                else:
+                    pg.crash_one_session()
                 with psycopg.connect(pg.url, autocommit=True) as direct:
                     for _ in range(REUSED):
                         with direct.transaction():
