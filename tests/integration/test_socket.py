@@ -155,6 +155,9 @@ def test_items_are_spread_fairly_over_sockets(server, http, key):
             await ping(ws)
         for ws in sockets:
             await assert_nothing_before(ws, PONG)  # each subscription is in force
+        # And each subscription's claim is over (one still in flight holds its socket's
+        # slots: the next claim, for the others' alone, would take every item for them).
+        committed(http)
         ids = [post(http, n) for n in range(3)]
         # One each ([1, 1, 1]): a socket given two would leave another waiting in vain. Then
         # every item is accounted for: nothing more can come.
@@ -180,6 +183,9 @@ def test_items_that_come_together_are_dealt_one_per_socket_before_any_gets_two(s
             await ping(ws)
         for ws in sockets:
             await assert_nothing_before(ws, PONG)
+        # Each subscription's claim is over: one still in flight holds its socket's slots,
+        # and the batch's claim would be for the other sockets alone.
+        committed(http)
         answer = http.post(
             "/api/queues/q/items", json={"items": [{"payload": n} for n in range(6)]}
         )
