@@ -28,6 +28,7 @@ from .wsclient import (
     settled_metric,
     status_of,
     subscribe,
+    subscribed,
     ws_url,
 )
 
@@ -149,13 +150,8 @@ def test_items_are_spread_fairly_over_sockets(server, http, key):
     make_queue(http)
 
     async def run():
-        sockets = [await connect(server, key) for _ in range(3)]
-        for ws in sockets:
-            await subscribe(ws, ["q"], 5)
-            await ping(ws)
-        for ws in sockets:
-            await assert_nothing_before(ws, PONG)  # each subscription is in force
-        # And each subscription's claim is over (one still in flight holds its socket's
+        sockets = await subscribed(server, key, 3, ["q"], 5)
+        # Each subscription's claim is over (one still in flight holds its socket's
         # slots: the next claim, for the others' alone, would take every item for them).
         committed(http)
         ids = [post(http, n) for n in range(3)]
@@ -177,12 +173,7 @@ def test_items_that_come_together_are_dealt_one_per_socket_before_any_gets_two(s
     make_queue(http)
 
     async def run():
-        sockets = [await connect(server, key) for _ in range(3)]
-        for ws in sockets:
-            await subscribe(ws, ["q"], 5)
-            await ping(ws)
-        for ws in sockets:
-            await assert_nothing_before(ws, PONG)
+        sockets = await subscribed(server, key, 3, ["q"], 5)
         # Each subscription's claim is over: one still in flight holds its socket's slots,
         # and the batch's claim would be for the other sockets alone.
         committed(http)
@@ -631,14 +622,9 @@ def test_one_new_item_costs_one_claim_with_fifty_idle_sockets(server, http, key)
     make_queue(http)
 
     async def run():
-        sockets = [await connect(server, key) for _ in range(50)]
-        for ws in sockets:
-            await subscribe(ws, ["q"], 1)
-            await ping(ws)
         # Each subscription is in force, and the claim it made (finding nothing) was handed to
         # the committer before its ping was answered: ``settled_metric`` counts them all.
-        for ws in sockets:
-            await assert_nothing_before(ws, PONG)
+        sockets = await subscribed(server, key, 50, ["q"], 1)
         # A subscription that came while a claim was in flight is looked at once more when
         # that claim ends: a claim made after the ping's answer, and maybe after the first
         # reading's barrier. Read until two readings agree: by the second barrier's claims

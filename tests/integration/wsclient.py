@@ -141,6 +141,18 @@ async def subscribe(ws: Any, queues: list[str], capacity: int) -> None:
     await send(ws, {"type": "subscribe", "queues": queues, "capacity": capacity})
 
 
+async def subscribed(server: Any, key: str, n: int, queues: list[str], capacity: int) -> list[Any]:
+    """``n`` sockets, each subscribed to ``queues`` with ``capacity``, once each subscription
+    is in force (its ``PONG`` has come; the claim it made was handed to the committer)."""
+    sockets = [await connect(server, key) for _ in range(n)]
+    for ws in sockets:
+        await subscribe(ws, queues, capacity)
+        await ping(ws)
+    for ws in sockets:
+        await assert_nothing_before(ws, PONG)
+    return sockets
+
+
 def make_queue(http: Any, name: str = "q", **settings: Any) -> None:
     """Create (or update) a queue over REST with an ``httpx.Client`` holding a key."""
     assert http.put(f"/api/queues/{name}", json=settings).status_code in (200, 201)
