@@ -57,7 +57,11 @@ class OwnPostgres:
         )
 
     def start(self) -> None:
-        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1"
+        # The WAL writer at its slowest (10 s): what a session wrote and did not commit stays
+        # in the server's memory, for a crash to lose.
+        options = (
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c wal_writer_delay=10000"
+        )
         data = str(self.dir / "data")
         self._run("pg_ctl", "-D", data, "-o", options, "-l", str(self.dir / "log"), "-w", "start")
 
