@@ -30,6 +30,7 @@ import contextlib
 import logging
 import time
 import weakref
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -269,9 +270,7 @@ class Dispatcher:
             # One claim takes at most MAX_CLAIM items, as a REST claim does; slots left over
             # are claimed for again at once (``again`` below).
             slots = deal_order(wanting, self._free, get_conf().max_claim)
-            shares: dict[Worker, int] = {}
-            for worker in slots:
-                shares[worker] = shares.get(worker, 0) + 1
+            shares = Counter(slots)
             for worker, share in shares.items():
                 worker.reserved += share
             total = len(slots)

@@ -42,11 +42,12 @@ class OwnPostgres:
         assert bindir is not None
         self.bindir = bindir
         self.dir = Path(tempfile.mkdtemp(prefix="taskhoster-pg-"))
+        self.data = str(self.dir / "data")
         user = pwd.getpwnam("postgres")
         os.chown(self.dir, user.pw_uid, user.pw_gid)
         self.port = free_port()
         self.url = f"postgres://postgres@127.0.0.1:{self.port}/postgres"
-        self._run("initdb", "-D", str(self.dir / "data"), "-U", "postgres", "--auth=trust", "-N")
+        self._run("initdb", "-D", self.data, "-U", "postgres", "--auth=trust", "-N")
 
     def _run(self, program: str, *args: str) -> None:
         subprocess.run(
@@ -62,13 +63,14 @@ class OwnPostgres:
         options = (
             f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c wal_writer_delay=10000"
         )
-        data = str(self.dir / "data")
-        self._run("pg_ctl", "-D", data, "-o", options, "-l", str(self.dir / "log"), "-w", "start")
+        self._run(
+            "pg_ctl", "-D", self.data, "-o", options, "-l", str(self.dir / "log"), "-w", "start"
+        )
 
     def crash(self) -> None:
         """Stop at once, as a crash does: every process killed, nothing written first (what
         the server had in memory only, its WAL buffers among it, is gone)."""
-        self._run("pg_ctl", "-D", str(self.dir / "data"), "-m", "immediate", "stop")
+        self._run("pg_ctl", "-D", self.data, "-m", "immediate", "stop")
 
     def crash_one_session(self) -> None:
         """Kill one session's process, as the kernel's out-of-memory killer might: the server
@@ -90,5 +92,5 @@ class OwnPostgres:
 
     def remove(self) -> None:
         with contextlib.suppress(subprocess.CalledProcessError):  # not running
-            self._run("pg_ctl", "-D", str(self.dir / "data"), "-m", "immediate", "stop")
+            self.crash()
         shutil.rmtree(self.dir, ignore_errors=True)
