@@ -307,6 +307,16 @@ class Group:
             "is unknown: nothing is acknowledged"
         ) from exc
 
+    def taken_by_claims(self) -> list[tuple[str, str]]:
+        """The ``(item id, lease)`` of every item this group's claims took (what they would
+        have answered had it committed)."""
+        taken: list[tuple[str, str]] = []
+        for op in self.ops:
+            ok, value = self.answers.get(id(op), (False, None))
+            if isinstance(op, Claim) and ok:
+                taken.extend((c.row.id, c.row.lease or "") for c in value)
+        return taken
+
     def _answer(self, op: Op[Any], fn: Callable[..., Any], *args: Any) -> None:
         try:
             self.answers[id(op)] = (True, _as_of_now(fn(*args)))

@@ -40,10 +40,10 @@ from django.db import DatabaseError, IntegrityError, OperationalError, connectio
 
 from .. import events, identity, metrics
 from ..conf import get_conf
-from ..errors import StoreError, TaskhosterError
+from ..errors import OutcomeUnknown, StoreError, TaskhosterError
 from ..faults import GATHER, fault, slow_seconds
 from ..osthread import name_os_thread
-from . import pacing, reclaim
+from . import giveback, pacing, reclaim
 from .common import store
 from .group import Group
 from .ops import Claim, Extend, MarkFetched, Op, Post, Progress, Reclaim, Release, Resettle
@@ -96,6 +96,10 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
         try:
             group.run()
         except TaskhosterError as exc:
+            if isinstance(exc, OutcomeUnknown):
+                # Its claims may have taken items that no one will hear of: given back
+                # once the database answers.
+                giveback.later(group.taken_by_claims())
             # A post whose key the group refused keeps that answer (what the caller would
             # have heard first), the rest hear why the group failed.
             refused = group.refused_keys()

@@ -54,18 +54,17 @@ from typing import Any, NamedTuple
 
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.db import InterfaceError, OperationalError
 
 from .. import contract, engine
 from ..conf import get_conf
-from ..errors import InvalidInput, ItemNotFound, OutcomeUnknown, TaskhosterError, TooLarge
+from ..errors import InvalidInput, ItemNotFound, TaskhosterError, TooLarge
 from ..faults import fault, raise_if_armed
 from ..ids import is_valid_id
 from ..keys import Principal, authenticate, parse_authorization
 from ..status import TERMINAL_STATUSES
 from ..timeutil import now as utcnow
 from ..timeutil import to_wire
-from .dispatcher import Dispatcher, get_dispatcher, run_sync
+from .dispatcher import DATABASE_AWAY, Dispatcher, get_dispatcher, run_sync
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +79,9 @@ CLOSE_FORBIDDEN = 4403
 CLOSE_ABUSE = 4429
 ABUSE_WINDOW_SECONDS = 10.0
 ABUSE_ERRORS = 100
-UNAVAILABLE = "unavailable"  # a frame's error while the database is away (not counted above)
-# What a frame meets then: the database's errors, and a commit whose outcome the database
-# could not be asked for (sent again, a verdict that did commit is refused harmlessly; one
-# that did not, taken: its files were left as written).
-DATABASE_AWAY = (OperationalError, InterfaceError, OutcomeUnknown)
+# A frame's error while the database is away (``DATABASE_AWAY``; not counted above): sent
+# again, a verdict that did commit is refused harmlessly, one that did not is taken.
+UNAVAILABLE = "unavailable"
 
 
 class Held(NamedTuple):
@@ -313,20 +310,8 @@ class WorkConsumer(AsyncWebsocketConsumer):
 
     async def _requeue_held(self) -> None:
         held, self.held = self.held, HeldItems()
-        answers = await asyncio.gather(
-            *(
-                engine.execute_async(
-                    engine.Requeue(
-                        item_id=item_id, lease=holding.lease, cause=engine.WORKER_DISCONNECTED
-                    )
-                )
-                for item_id, holding in held.items()
-            ),
-            return_exceptions=True,
-        )
-        for item_id, answer in zip(held, answers, strict=True):
-            if isinstance(answer, BaseException):
-                log.error("could not re-queue %s after its socket closed: %s", item_id, answer)
+        if held and self.dispatcher is not None:
+            await self.dispatcher.requeue({i: holding.lease for i, holding in held.items()})
 
     # -- frames in -------------------------------------------------------------------------
 
@@ -342,10 +327,10 @@ class WorkConsumer(AsyncWebsocketConsumer):
                 await self._on_subscribe(message)
                 return
             answer: Answer = getattr(self, f"_on_{kind}")(message)
+        except DATABASE_AWAY as exc:  # (before TaskhosterError: OutcomeUnknown is one)
+            answer = _now(self._unavailable(message, exc))
         except TaskhosterError as exc:
             answer = _now(self._error_frame(exc, message.get("id")))
-        except DATABASE_AWAY as exc:
-            answer = _now(self._unavailable(message, exc))
         except Exception:
             answer = _now(self._failed(message))
         self.outbox.put_nowait(self._guarded(answer, message))
@@ -354,10 +339,10 @@ class WorkConsumer(AsyncWebsocketConsumer):
         """A frame's answer; an error takes the ack's place (naming the item when it can)."""
         try:
             return await answer
+        except DATABASE_AWAY as exc:  # (before TaskhosterError: OutcomeUnknown is one)
+            return self._unavailable(message, exc)
         except TaskhosterError as exc:
             return self._error_frame(exc, message.get("id"))
-        except DATABASE_AWAY as exc:
-            return self._unavailable(message, exc)
         except Exception:
             return self._failed(message)
 
@@ -520,7 +505,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
             # so the claim for the freed slot can join the same group as this result.
             self.held.pop(item_id, None)
             freed = True
-            answers.append(self._result_ack(item_id, verdict))
+            answers.append(self._result_ack(item_id, verdict, given_up=holding))
         if freed:
             self._slot_freed()
         return answers
@@ -534,13 +519,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
             for entry, answer in zip(entries, answers, strict=True):
                 try:
                     ack = await answer
-                except TaskhosterError as exc:
-                    ack = {
-                        "id": entry["id"],
-                        "accepted": False,
-                        "error": {"code": exc.code, "message": exc.message},
-                    }
-                except DATABASE_AWAY as exc:
+                except DATABASE_AWAY as exc:  # (before TaskhosterError: OutcomeUnknown is one)
                     # This entry's group met the database away; the others' may have
                     # committed: each says its own.
                     error = self._unavailable({"type": "result", "id": entry["id"]}, exc)
@@ -548,6 +527,12 @@ class WorkConsumer(AsyncWebsocketConsumer):
                         "id": entry["id"],
                         "accepted": False,
                         "error": {"code": error["code"], "message": error["message"]},
+                    }
+                except TaskhosterError as exc:
+                    ack = {
+                        "id": entry["id"],
+                        "accepted": False,
+                        "error": {"code": exc.code, "message": exc.message},
                     }
                 else:
                     assert ack is not None
@@ -564,13 +549,21 @@ class WorkConsumer(AsyncWebsocketConsumer):
         verdict: Awaitable[engine.Verdict],
         *,
         still_held: Held | None = None,
+        given_up: Held | None = None,
     ) -> dict[str, Any]:
         """The ack of a result. ``still_held``: the later attempt this socket holds when the
         result came from an earlier one; if the item is over now (this result won, or it was
         already terminal), so is that attempt: it is cancelled (with its lease) before the
-        ack, and its slot freed."""
+        ack, and its slot freed. ``given_up``: the attempt this result answers, which the
+        socket let go of when the result came; held again if the database was away (the
+        result changed nothing, or its outcome is unknown), as a fail's is: the worker sends
+        it again, and should the socket close first, the item is re-queued with it."""
         try:
             answer = await verdict
+        except DATABASE_AWAY:
+            if given_up is not None:
+                self.held.setdefault(item_id, given_up)
+            raise
         except ItemNotFound:
             if item_id not in self.cancelled:
                 raise

@@ -13,11 +13,13 @@ before the commit leaves them: ``sweep --repair`` brings the rows in line with t
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import psycopg
@@ -35,6 +37,7 @@ from . import ownpostgres
 from .ownpostgres import OwnPostgres
 from .tcpproxy import TcpProxy
 from .test_database_restart import env_through, proxy_to_database
+from .wsclient import connect, recv, send, subscribe
 
 pytestmark = [
     pytest.mark.slow,
@@ -53,17 +56,24 @@ REUSED = 100
 
 
 @pytest.fixture
-def served(transactional_db, state_root, make_key) -> Iterator[tuple[TcpProxy, httpx.Client]]:
+def serving(transactional_db, state_root, make_key) -> Iterator[tuple[TcpProxy, Server, str]]:
+    """A server reaching the database through a proxy, a queue ``q``, and a key."""
     proxy = proxy_to_database()
     engine.upsert_queue(name="q", body={"leaseSeconds": 300})
     server = Server(state_root, **env_through(proxy)).start()
-    headers = {"Authorization": f"Token {make_key()}"}
     try:
-        with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:
-            yield proxy, http
+        yield proxy, server, make_key()
     finally:
         server.stop()
         proxy.close()
+
+
+@pytest.fixture
+def served(serving) -> Iterator[tuple[TcpProxy, httpx.Client]]:
+    proxy, server, key = serving
+    headers = {"Authorization": f"Token {key}"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:
+        yield proxy, http
 
 
 def _state_of_file(item_id: str) -> State | None:
@@ -165,6 +175,117 @@ def test_a_commit_whose_outcome_cannot_be_learned_acknowledges_nothing(served):
         time.sleep(0.2)
     assert again.status_code == 200, again.text
     assert again.json()["id"] == item_id, "the key finds the post that committed"
+
+
+@pytest.mark.parametrize("reaches_server", [True, False], ids=["answer-lost", "commit-lost"])
+def test_a_claim_whose_outcome_cannot_be_learned_gives_its_items_back_once_the_database_answers(
+    served, reaches_server
+):
+    """A claim whose ``COMMIT`` is cut with the database away from then on is answered 503
+    ``store_error``: no one heard of what it took. If it committed, its item would be
+    ``processing`` under a lease no worker holds until that lease ends (300 s here); it is
+    given back (no attempt counted) once the database answers, and claimed again at once.
+    If it did not commit, its item is pending, its file left where the claim moved it, and
+    the next claim takes it as well."""
+    proxy, http = served
+    item_id = _post(http, 1)
+    proxy.cut_at_commit(item_id.encode(), reaches_server=reaches_server, then_refuse=True)
+    answer = http.post("/api/queues/q/claim", json={"max": 1})
+    assert proxy.commits_cut == 1, "the proxy cut the claim's COMMIT"
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["code"] == "store_error", answer.text
+    proxy.refuse = False
+    deadline = time.monotonic() + 15
+    while True:
+        again = http.post("/api/queues/q/claim", json={"max": 1})
+        if again.status_code == 200 and again.json()["items"]:
+            break
+        assert time.monotonic() < deadline, (again.status_code, again.text)
+        time.sleep(0.2)
+    (claimed,) = again.json()["items"]
+    assert claimed["id"] == item_id
+    assert claimed["attempts"] == 1, "the claim given back counted no attempt"
+    assert _state_of_file(item_id) is State.PROCESSING
+
+
+@pytest.mark.parametrize("then", ["sent-again", "socket-closed"])
+@pytest.mark.parametrize("frame", ["result", "results"])
+@pytest.mark.parametrize("reaches_server", [True, False], ids=["answer-lost", "commit-lost"])
+def test_a_socket_result_whose_outcome_cannot_be_learned_is_unavailable_and_taken_when_sent_again(
+    serving, reaches_server, frame, then
+):
+    """A worker's result whose ``COMMIT`` is cut with the database away from then on: its
+    outcome cannot be learned, so the worker hears ``unavailable`` (the frame is to be sent
+    again; the Python worker does so), not ``store_error`` (which it takes as final, leaving
+    the item ``processing`` until its lease ends: what a database restart test met). Sent
+    again once the database is back, it is taken once: accepted if the cut one did not
+    commit, refused harmlessly if it did; the item is finished and its file done. Or the
+    socket closes instead, once the database is back: the attempt is still the socket's,
+    so the item is re-queued at once if the result did not commit (before, the socket had
+    let go of it with the result, and it stayed ``processing`` until its lease ended)."""
+    proxy, server, key = serving
+    headers = {"Authorization": f"Token {key}"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:
+        item_id = _post(http, 1)
+
+    def result() -> dict[str, Any]:
+        if frame == "result":
+            return {"type": "result", "id": item_id, "result": "ok"}
+        return {"type": "results", "results": [{"id": item_id, "result": "ok"}]}
+
+    def ack_of(answer: dict[str, Any]) -> dict[str, Any]:
+        """The answer's ack (or error) for the item: the frame, or its ``acks`` entry."""
+        if answer["type"] == "acks":
+            (ack,) = answer["acks"]
+            return dict(ack)
+        return answer
+
+    def error_code(answer: dict[str, Any]) -> str | None:
+        ack = ack_of(answer)
+        if ack.get("type") == "error":
+            return str(ack["code"])
+        return str(ack["error"]["code"]) if "error" in ack else None
+
+    async def run() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        ws = await connect(server, key)
+        try:
+            await subscribe(ws, ["q"], 1)
+            pushed = await recv(ws)
+            assert (pushed["type"], pushed["id"]) == ("item", item_id), pushed
+            proxy.cut_at_commit(item_id.encode(), reaches_server=reaches_server, then_refuse=True)
+            await send(ws, result())
+            first = await recv(ws, timeout=OUTCOME_WAIT_SECONDS + 10)
+            assert proxy.commits_cut == 1, "the proxy cut the result's COMMIT"
+            proxy.refuse = False
+            again: list[dict[str, Any]] = []
+            if then == "socket-closed":
+                return first, again
+            deadline = time.monotonic() + 15
+            while True:
+                await send(ws, result())
+                again.append(await recv(ws, timeout=10))
+                if error_code(again[-1]) != "unavailable":
+                    return first, again
+                assert time.monotonic() < deadline, again
+                await asyncio.sleep(0.2)
+        finally:
+            await ws.close()
+
+    first, again = asyncio.run(run())
+    assert error_code(first) == "unavailable", first
+    if then == "socket-closed":
+        done, requeued = (Status.FINISHED, State.DONE), (Status.PENDING, State.PENDING)
+        expected = done if reaches_server else requeued
+        deadline = time.monotonic() + 10
+        while (Item.objects.get(id=item_id).status, _state_of_file(item_id)) != expected:
+            assert time.monotonic() < deadline, Item.objects.get(id=item_id).status
+            time.sleep(0.1)
+        return
+    last = again[-1]
+    assert error_code(last) is None, last
+    assert ack_of(last)["accepted"] is (not reaches_server), last
+    assert Item.objects.get(id=item_id).status == Status.FINISHED
+    assert _state_of_file(item_id) is State.DONE
 
 
 @pytest.mark.skipif(

@@ -18,6 +18,7 @@ import asyncio
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,6 +112,15 @@ def _health_while(url: str, until: float) -> list[tuple[float, int, dict[str, An
     return seen
 
 
+def server_says(server: Server, items: Iterable[str | tuple[Any, ...]], most: int = 40) -> str:
+    """The server's log lines that name ``items`` (ids, or rows whose first value is one):
+    what a failure's message shows of their story."""
+    ids = {i if isinstance(i, str) else str(i[0]) for i in items}
+    text = server.log.read_text(errors="replace") if server.log.exists() else ""
+    lines = [line for line in text.splitlines() if any(i in line for i in ids)]
+    return "\n".join([f"items: {sorted(ids)}", *lines[-most:]])
+
+
 def _terminate(ports: list[int]) -> int:
     """What a restart does to the server's connections: those that come through the proxy
     (the test's own, and its pool's, stay)."""
@@ -198,7 +208,8 @@ def test_a_database_restart_under_load_loses_nothing_acknowledged_and_answers_at
         deadline = time.monotonic() + 30
         while not acknowledged <= finished and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert acknowledged <= finished, f"{len(acknowledged - finished)} never reached the worker"
+        never = acknowledged - finished
+        assert not never, f"{len(never)} never reached the worker:\n{server_says(server, never)}"
 
         def unfinished() -> list[tuple[str, str, int]]:
             rows = Item.objects.filter(id__in=acknowledged).exclude(status=Status.FINISHED)
@@ -207,7 +218,8 @@ def test_a_database_restart_under_load_loses_nothing_acknowledged_and_answers_at
         deadline = time.monotonic() + 30
         while unfinished() and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert unfinished() == [], "every acknowledged post is finished"
+        left = unfinished()
+        assert left == [], f"every acknowledged post is finished:\n{server_says(server, left)}"
         assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
     finally:
         stop.set()
