@@ -36,7 +36,7 @@ import shutil
 import statistics
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Collection, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -747,7 +747,9 @@ class FileBatch:
     until ``flush``; removals wait for ``apply_unlinks`` (a removal cannot be undone)."""
 
     store: StateStore
-    undo: list[tuple[str, str, Any]] = field(default_factory=list)
+    # What undoes each change, newest last: (kind, path, what it needs, the item it is of;
+    # None for a list of removals).
+    undo: list[tuple[str, str, Any, str | None]] = field(default_factory=list)
     unlinks: list[tuple[str, str, State]] = field(default_factory=list)
     written: set[str] = field(default_factory=set)
     directories: set[str] = field(default_factory=set)
@@ -777,11 +779,11 @@ class FileBatch:
                         self.store.sys.mkdir(str(aside_dir))
                 aside = str(aside_dir / f"{queue}.pending.{item_id}.{secrets.token_hex(4)}.json")
                 self.store.sys.rename(target, aside)
-                self.undo.append(("rename", aside, target))
+                self.undo.append(("rename", aside, target, item_id))
                 self.store.sys.create(target, line)
         except OSError as exc:
             raise StoreError(f"could not write item file: {exc}") from exc
-        self.undo.append(("create", target, None))
+        self.undo.append(("create", target, None, item_id))
         self.written.add(target)
         self.directories.add(os.path.dirname(target))
 
@@ -796,7 +798,7 @@ class FileBatch:
         for _attempt in range(2):
             path = self.store.item_file(queue, src, item_id)
             try:
-                self._change(path, self.store.item_file(queue, dst, item_id), patch)
+                self._change(item_id, path, self.store.item_file(queue, dst, item_id), patch)
                 return True
             except FileNotFoundError:
                 found = self.store.locate(queue, item_id, src)
@@ -814,21 +816,21 @@ class FileBatch:
         looks for the file elsewhere, as ``change`` does for crash leftovers)."""
         path = self.store.item_file(queue, src, item_id)
         try:
-            self._change(path, self.store.item_file(queue, dst, item_id), None)
+            self._change(item_id, path, self.store.item_file(queue, dst, item_id), None)
         except FileNotFoundError:
             return False
         except OSError as exc:
             raise StoreError(f"could not change item file: {exc}") from exc
         return True
 
-    def _change(self, path: str, target: str, patch: Record | None) -> None:
+    def _change(self, item_id: str, path: str, target: str, patch: Record | None) -> None:
         if patch is not None:
             size = self.store.sys.append(path, encode_line(patch))
-            self.undo.append(("truncate", path, size))
+            self.undo.append(("truncate", path, size, item_id))
             crash_point("file.after_append")
         if target != path:
             self.store.sys.rename(path, target)
-            self.undo.append(("rename", target, path))
+            self.undo.append(("rename", target, path, item_id))
             # (``item_file``'s paths: the directory is all before the last "/".)
             self.directories.add(path.rpartition("/")[0])
             self.directories.add(target.rpartition("/")[0])
@@ -876,15 +878,18 @@ class FileBatch:
                 self.store.sys.create(target, lines.encode())
         except OSError as exc:
             raise StoreError(f"could not write the list of files to remove: {exc}") from exc
-        self.undo.append(("create", target, None))
+        self.undo.append(("create", target, None, None))
         self.written.add(target)
         self.directories.add(str(trash))
         self.deferred.append(target)
         self.unlinks.clear()
 
-    def rollback(self) -> None:
-        """Undo every change, newest first (the group's transaction failed)."""
-        for kind, path, other in reversed(self.undo):
+    def rollback(self, *, spare: Collection[str] = ()) -> None:
+        """Undo every change, newest first (the group's transaction failed); but not those
+        of the items in ``spare``, whose files are left as they are."""
+        for kind, path, other, item_id in reversed(self.undo):
+            if item_id is not None and item_id in spare:
+                continue
             with contextlib.suppress(OSError):
                 if kind == "rename":
                     self.store.sys.rename(path, other)

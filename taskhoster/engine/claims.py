@@ -19,7 +19,7 @@ from ..store import FileBatch, StateStore
 from . import rows as sql
 from . import rules
 from .ops import Claim, Claimed
-from .rules import ItemRow, QueueInfo, ThreadState
+from .rules import ItemRow, QueueInfo, RowStamp, ThreadState
 from .tally import Tally
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ class Claims:
         at: datetime,
         store: StateStore,
         files: FileBatch,
+        found: dict[str, RowStamp],
         threads: dict[tuple[int, str], ThreadState],
         tally: Tally,
         vanished: Callable[[ItemRow], None],
@@ -49,6 +50,7 @@ class Claims:
         self.at = at
         self.store = store
         self.files = files
+        self.found = found  # each row whose file it changes, as found
         self.threads = threads
         self.tally = tally
         self.vanished = vanished
@@ -194,6 +196,7 @@ class Claims:
                 thread.touched = True
                 self.stale_threads = True
             return None
+        self.found.setdefault(row.id, row.stamp)
         if not self.files.take(queue.name, row.id, State.PENDING, State.PROCESSING):
             self._lost(queue, row)
             return None
@@ -217,8 +220,11 @@ class Claims:
 
     def _lost(self, queue: QueueInfo, row: ItemRow) -> None:
         """A claim found the file of a claimable row gone from ``pending/``: it has lost,
-        and takes nothing. What is left is a crash's, never a live group's (this group holds
-        the row, and a group that fails undoes its files before it lets go):
+        and takes nothing. What is left is a crash's, or a group's whose commit failed (the
+        database let go of its locks before it could undo its files; it spares the rows
+        changed meanwhile when it does: ``Group._put_back_files``), never a live group's
+        (this group holds the row, and a group that fails otherwise undoes its files before
+        it lets go):
 
         - no file anywhere: a delete that crashed between its unlink and its commit; the
           delete is finished here;

@@ -43,7 +43,7 @@ from ..errors import (
     QueueNotFound,
     TaskhosterError,
 )
-from ..faults import crash_point
+from ..faults import crash_point, fault, slow_seconds
 from ..ids import new_id
 from ..keys import principals_by_hash, refusal
 from ..status import Status
@@ -85,6 +85,7 @@ from .rules import (
     QueueInfo,
     Refuse,
     Remove,
+    RowStamp,
     ThreadEffect,
     ThreadState,
 )
@@ -138,6 +139,9 @@ class Group:
         # Its transaction's id, where a lost commit can be asked about.
         self.xid: sql.TransactionId | None = None
         self.committing = False  # its statements done: what fails now may have committed
+        # Each existing row whose file this group changes, as it found it
+        # (``_put_back_files``).
+        self.found: dict[str, RowStamp] = {}
 
     # -- running ------------------------------------------------------------------------
 
@@ -170,7 +174,9 @@ class Group:
             if not committed and askable and isinstance(exc, DbError) and _connection_lost(exc):
                 committed = self._commit_outcome(exc)
             if not committed:
-                self.files.rollback()  # the commit itself failed (nothing left to undo otherwise)
+                # The commit itself failed (nothing left to undo otherwise): the database
+                # rolled the transaction back and let go of its locks first.
+                self._put_back_files()
                 raise
             if not isinstance(exc, Exception):
                 raise
@@ -239,6 +245,46 @@ class Group:
         # Robust: an error of the announcement (logged) must not reach ``run``, which would
         # undo the files of a group already committed.
         transaction.on_commit(self._announce, robust=True)
+
+    def _put_back_files(self) -> None:
+        """Undo the files of a group whose ``COMMIT`` failed (a lost one found not to have
+        committed, or one the database refused). Its transaction's locks went with it, so
+        another group may have changed these items since: finding this group's files ahead
+        of their rows, as a crash leaves them, and dealing with them (a claim puts a file
+        back in ``pending/`` and takes it; a verdict finds it where it is). Undone then,
+        this group's renames and truncations would undo that group's changes instead. So
+        the rows are locked again first, and only the files of the items whose rows are as
+        this group found them (its ``rev``, status, lease and attempts; made by it: no row)
+        are put back; the others' are theirs
+        now. Should the database not answer, they are put back without the locks, as
+        before."""
+        if not (self.outermost and self.committing and self.files.undo and sql.dialect().lock):
+            self.files.rollback()
+            return
+        found: dict[str, RowStamp | None] = {
+            **self.found,
+            **{row.id: None for row in self.created},
+        }
+        if fault("group.slow_put_back"):
+            time.sleep(slow_seconds())  # tests: another group changes these items meanwhile
+        try:
+            with suppress(Exception):
+                connection.close()  # (the one the commit failed on)
+            with transaction.atomic():
+                now = sql.select_rows(found, lock=True)
+                spare = {
+                    i for i, was in found.items() if (now[i].stamp if i in now else None) != was
+                }
+                if spare:
+                    log.warning(
+                        "the files of %s, which another group changed since this group's "
+                        "commit failed, are left as they are",
+                        ", ".join(sorted(spare)[:20]),
+                    )
+                self.files.rollback(spare=spare)
+        except DbError as error:
+            log.warning("could not lock the rows again to put their files back (%s)", error)
+            self.files.rollback()
 
     def _mark_committed(self) -> None:
         self.committed = True
@@ -590,6 +636,7 @@ class Group:
         if row.status is Status.PROCESSING and decision.status is not Status.PROCESSING:
             self._slot_freed(row)
         self.tally.status(row, decision.status)
+        self.found.setdefault(row.id, row.stamp)
         row.set(**changes)
         self._thread_effect(row, decision.thread)
         for counter in decision.counters:
@@ -857,6 +904,7 @@ class Group:
             at=self.at,
             store=self.store,
             files=self.files,
+            found=self.found,
             threads=self.threads,
             tally=self.tally,
             vanished=self._vanished,

@@ -61,6 +61,9 @@ class Clock(StrEnum):
 # -- the values the rules read -----------------------------------------------------------------
 
 
+RowStamp = tuple[int, Status, str | None, int]
+
+
 @dataclass(slots=True, eq=False)
 class ItemRow:
     """An item's index row, as the engine reads and changes it (field names as the model's).
@@ -104,6 +107,12 @@ class ItemRow:
     @property
     def is_terminal(self) -> bool:
         return self.status.is_terminal
+
+    @property
+    def stamp(self) -> RowStamp:
+        """What every change of the row alters, one value or more: (rev, status, lease,
+        attempts). A claim writes no line (its ``rev`` stays), but takes a new lease."""
+        return (self.rev, self.status, self.lease, self.attempts)
 
     def snapshot(self) -> ItemRow:
         """A copy as the row is now, for an answer that later changes must not reach (made

@@ -208,6 +208,59 @@ def test_a_claim_whose_outcome_cannot_be_learned_gives_its_items_back_once_the_d
     assert _state_of_file(item_id) is State.PROCESSING
 
 
+def test_a_failed_commit_puts_back_only_the_files_no_other_group_changed_since(
+    transactional_db, state_root, make_key
+):
+    """A claim's ``COMMIT`` is lost and it did not commit: its transaction's locks went with
+    it, while its file's move (``pending/`` to ``processing/``) is still to be undone. Another
+    group comes in between (here the test's own claims, held a window by
+    ``group.slow_put_back``): it finds the file ahead of its row, puts it back, and takes the
+    item (its row ``processing`` under its lease, its file in ``processing/``). The lost
+    claim's undo must not move that file back to ``pending/`` (before, it did: a row
+    ``processing`` with its file in ``pending/``); it locks the rows again and spares the
+    items another group changed. The lost claim, run again, finds nothing to take."""
+    proxy = proxy_to_database()
+    engine.upsert_queue(name="q", body={"leaseSeconds": 300})
+    env = env_through(
+        proxy, TASKHOSTER_FAULT="group.slow_put_back", TASKHOSTER_FAULT_SLOW_SECONDS="4"
+    )
+    server = Server(state_root, **env).start()
+    headers = {"Authorization": f"Token {make_key()}"}
+    try:
+        with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:
+            item_id = _post(http, 1)
+            proxy.cut_at_commit(item_id.encode(), reaches_server=False)
+            answers: list[httpx.Response] = []
+            claiming = threading.Thread(
+                target=lambda: answers.append(http.post("/api/queues/q/claim", json={"max": 1}))
+            )
+            claiming.start()
+            deadline = time.monotonic() + 10
+            while proxy.commits_cut == 0:
+                assert time.monotonic() < deadline, "the claim's COMMIT never came"
+                time.sleep(0.005)
+            # The lost claim learns it did not commit (at most LOST_SESSION_SECONDS), then
+            # waits 4 s before it puts its files back: the test's claims take the item now.
+            taken: list[engine.Claimed] = []
+            deadline = time.monotonic() + LOST_SESSION_SECONDS + 2.5
+            while not taken:
+                assert time.monotonic() < deadline, "the test's claim never took the item"
+                taken = engine.execute(engine.Claim(queue_name="q", max_items=1))
+                time.sleep(0.05)
+            (ours,) = taken
+            assert ours.row.id == item_id
+            claiming.join(30)
+        (answer,) = answers
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["items"] == [], "run again, the lost claim found nothing to take"
+        row = Item.objects.get(id=item_id)
+        assert (row.status, row.lease) == (Status.PROCESSING, ours.row.lease)
+        assert _state_of_file(item_id) is State.PROCESSING, "the file where its row says"
+    finally:
+        server.stop()
+        proxy.close()
+
+
 @pytest.mark.parametrize("then", ["sent-again", "socket-closed"])
 @pytest.mark.parametrize("frame", ["result", "results"])
 @pytest.mark.parametrize("reaches_server", [True, False], ids=["answer-lost", "commit-lost"])
