@@ -529,7 +529,14 @@ def run_child() -> None:
             _write_all(out, data)
 
     def answers(outcomes: Sequence[tuple[Op[Any], bool, Any]]) -> None:
-        send("answers", [(op.wire_id, ok, value) for op, ok, value in outcomes])
+        # The server's operations are answered to it; those a thread of this process handed
+        # in (no wire id: ``giveback``'s releases), here.
+        theirs = [(op.wire_id, ok, value) for op, ok, value in outcomes if op.wire_id is not None]
+        if theirs:
+            send("answers", theirs)
+        ours = [outcome for outcome in outcomes if outcome[0].wire_id is None]
+        if ours:
+            runner.answer_here(ours)
 
     runner.answer_hook = answers
     events.forward = lambda news: send("news", list(news))

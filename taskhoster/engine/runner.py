@@ -200,6 +200,12 @@ def answer(outcomes: list[tuple[Op[Any], bool, Any]]) -> None:
     if answer_hook is not None:
         answer_hook(outcomes)
         return
+    answer_here(outcomes)
+
+
+def answer_here(outcomes: list[tuple[Op[Any], bool, Any]]) -> None:
+    """``answer`` in this process (in a committer process: for the operations its own
+    threads handed in)."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Op[Any], bool, Any]]] = {}
     seen = events.generation()
     for op, ok, value in outcomes:

@@ -63,9 +63,19 @@ def serving(transactional_db, state_root, make_key) -> Iterator[tuple[TcpProxy, 
     server = Server(state_root, **env_through(proxy)).start()
     try:
         yield proxy, server, make_key()
+        assert_committer_kept(server)
     finally:
         server.stop()
         proxy.close()
+
+
+def assert_committer_kept(server: Server) -> None:
+    """The server's committer process never stopped: every operation it was handed was
+    answered by it (a stop answers those in flight ``store_error``, and the test may not
+    notice)."""
+    log = server.log.read_text(errors="replace")
+    for sign in ("the committer process stopped", "the committer process sent something"):
+        assert sign not in log, [line for line in log.splitlines() if sign in line]
 
 
 @pytest.fixture
@@ -256,6 +266,7 @@ def test_a_failed_commit_puts_back_only_the_files_no_other_group_changed_since(
         row = Item.objects.get(id=item_id)
         assert (row.status, row.lease) == (Status.PROCESSING, ours.row.lease)
         assert _state_of_file(item_id) is State.PROCESSING, "the file where its row says"
+        assert_committer_kept(server)
     finally:
         server.stop()
         proxy.close()

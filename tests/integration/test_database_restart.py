@@ -221,6 +221,8 @@ def test_a_database_restart_under_load_loses_nothing_acknowledged_and_answers_at
         left = unfinished()
         assert left == [], f"every acknowledged post is finished:\n{server_says(server, left)}"
         assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
+        log = server.log.read_text(errors="replace")
+        assert "the committer process stopped" not in log, "the committer process never stopped"
     finally:
         stop.set()
         down.set()
