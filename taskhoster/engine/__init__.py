@@ -20,6 +20,8 @@ from .committer import (
 from .committer import start as start_committer
 from .flow import Held, held_by_queue, held_for, next_due
 from .flow import put_queue as upsert_queue
+from .giveback import DATABASE_AWAY
+from .giveback import later as make_again_later
 from .ops import (
     Cancel,
     Claim,
@@ -109,6 +111,7 @@ from .wire import item_json, new_items
 
 __all__ = [
     "CANCELLED",
+    "DATABASE_AWAY",
     "LEASE_EXPIRED",
     "MAX_LIMIT",
     "OPENS",
@@ -175,6 +178,7 @@ __all__ = [
     "list_threads",
     "live_queue_names",
     "live_queues",
+    "make_again_later",
     "mark_fetched",
     "new_items",
     "next_due",

@@ -99,7 +99,7 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
             if isinstance(exc, OutcomeUnknown):
                 # Its claims may have taken items that no one will hear of: given back
                 # once the database answers.
-                giveback.later(group.taken_by_claims())
+                giveback.claimed(group.taken_by_claims())
             # A post whose key the group refused keeps that answer (what the caller would
             # have heard first), the rest hear why the group failed.
             refused = group.refused_keys()

@@ -64,7 +64,7 @@ from ..keys import Principal, authenticate, parse_authorization
 from ..status import TERMINAL_STATUSES
 from ..timeutil import now as utcnow
 from ..timeutil import to_wire
-from .dispatcher import DATABASE_AWAY, Dispatcher, get_dispatcher, run_sync
+from .dispatcher import Dispatcher, get_dispatcher, run_sync
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +79,8 @@ CLOSE_FORBIDDEN = 4403
 CLOSE_ABUSE = 4429
 ABUSE_WINDOW_SECONDS = 10.0
 ABUSE_ERRORS = 100
-# A frame's error while the database is away (``DATABASE_AWAY``; not counted above): sent
-# again, a verdict that did commit is refused harmlessly, one that did not is taken.
+# A frame's error while the database is away (``engine.DATABASE_AWAY``; not counted above):
+# sent again, a verdict that did commit is refused harmlessly, one that did not is taken.
 UNAVAILABLE = "unavailable"
 
 
@@ -327,7 +327,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
                 await self._on_subscribe(message)
                 return
             answer: Answer = getattr(self, f"_on_{kind}")(message)
-        except DATABASE_AWAY as exc:  # (before TaskhosterError: OutcomeUnknown is one)
+        except engine.DATABASE_AWAY as exc:  # (before TaskhosterError: OutcomeUnknown is one)
             answer = _now(self._unavailable(message, exc))
         except TaskhosterError as exc:
             answer = _now(self._error_frame(exc, message.get("id")))
@@ -339,7 +339,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
         """A frame's answer; an error takes the ack's place (naming the item when it can)."""
         try:
             return await answer
-        except DATABASE_AWAY as exc:  # (before TaskhosterError: OutcomeUnknown is one)
+        except engine.DATABASE_AWAY as exc:  # (before TaskhosterError: OutcomeUnknown is one)
             return self._unavailable(message, exc)
         except TaskhosterError as exc:
             return self._error_frame(exc, message.get("id"))
@@ -519,7 +519,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
             for entry, answer in zip(entries, answers, strict=True):
                 try:
                     ack = await answer
-                except DATABASE_AWAY as exc:  # (before TaskhosterError: OutcomeUnknown is one)
+                except engine.DATABASE_AWAY as exc:  # (first: OutcomeUnknown is a TaskhosterError)
                     # This entry's group met the database away; the others' may have
                     # committed: each says its own.
                     error = self._unavailable({"type": "result", "id": entry["id"]}, exc)
@@ -560,7 +560,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
         it again, and should the socket close first, the item is re-queued with it."""
         try:
             answer = await verdict
-        except DATABASE_AWAY:
+        except engine.DATABASE_AWAY:
             if given_up is not None:
                 self.held.setdefault(item_id, given_up)
             raise
@@ -601,7 +601,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
     ) -> dict[str, Any]:
         try:
             answer = await verdict
-        except DATABASE_AWAY:
+        except engine.DATABASE_AWAY:
             # Nothing was done (the database away): the attempt is still this socket's, for
             # the worker's fail sent again ("unavailable"), which finds it held.
             self.held.setdefault(item_id, holding)

@@ -36,11 +36,11 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
-from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
+from django.db import DatabaseError, close_old_connections
 
 from .. import bus, engine, events, metrics
 from ..conf import get_conf
-from ..errors import OutcomeUnknown, QueueNotFound
+from ..errors import QueueNotFound
 from ..faults import fault
 from ..keys import KEY_REVOKED, live_key_ids
 from ..osthread import name_os_thread
@@ -56,14 +56,6 @@ GAUGE_INTERVAL = 1.0
 # whatever is free then: not left to the next news or the backstop.
 CLAIM_RETRY_SECONDS = 1.0
 GAUGE_HEARTBEAT = 5.0
-# What an operation meets while the database is away: its errors, and a commit whose outcome
-# it could not be asked for. The operation changed nothing, or may have: sent again (with its
-# lease), it is taken once.
-DATABASE_AWAY = (OperationalError, InterfaceError, OutcomeUnknown)
-# A re-queue of a closed socket's item that met the database away is made again after this
-# long, doubling up to REQUEUE_RETRY_MOST_SECONDS, until the database answers.
-REQUEUE_RETRY_SECONDS = 1.0
-REQUEUE_RETRY_MOST_SECONDS = 5.0
 
 _executor = ThreadPoolExecutor(
     max_workers=4, thread_name_prefix="taskhoster-db", initializer=name_os_thread
@@ -120,10 +112,6 @@ class Dispatcher:
         self.dirty_local: dict[str, int] = {}
         self.timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
         self.retrying: dict[str, asyncio.TimerHandle] = {}  # a failed claim's look again
-        # Closed sockets' items whose re-queue met the database away (id: lease), and the
-        # task that makes them again.
-        self.requeues: dict[str, str] = {}
-        self.requeuing: asyncio.Task[None] | None = None
         self.backstop: asyncio.Task[None] | None = None
         self.reporter: asyncio.Task[None] | None = None
         self.tick = 0.0
@@ -380,33 +368,24 @@ class Dispatcher:
     async def requeue(self, held: dict[str, str]) -> None:
         """Re-queue the items a closed socket held (id: lease), each under its lease (one
         that lapsed or was answered meanwhile is left as it is). Those that meet the
-        database away are re-queued again later (``_requeue_later``), so an outage does not
-        leave them ``processing`` until their leases end."""
+        database away are made again until it answers (``engine.make_again_later``), so an
+        outage does not leave them ``processing`` until their leases end."""
+        ops = [
+            engine.Requeue(item_id=item_id, lease=lease, cause=engine.WORKER_DISCONNECTED)
+            for item_id, lease in held.items()
+        ]
         answers = await asyncio.gather(
-            *(
-                engine.execute_async(
-                    engine.Requeue(item_id=item_id, lease=lease, cause=engine.WORKER_DISCONNECTED)
-                )
-                for item_id, lease in held.items()
-            ),
-            return_exceptions=True,
+            *(engine.execute_async(op) for op in ops), return_exceptions=True
         )
-        for (item_id, lease), answer in zip(held.items(), answers, strict=True):
-            if isinstance(answer, DATABASE_AWAY):
-                log.warning("could not re-queue %s after its socket closed (%s)", item_id, answer)
-                self.requeues[item_id] = lease
+        away = []
+        for op, answer in zip(ops, answers, strict=True):
+            if isinstance(answer, engine.DATABASE_AWAY):
+                log.warning("could not re-queue %s after its socket closed: %s", op.item_id, answer)
+                away.append(op)
             elif isinstance(answer, BaseException):
-                log.error("could not re-queue %s after its socket closed: %s", item_id, answer)
-        if self.requeues and (self.requeuing is None or self.requeuing.done()):
-            self.requeuing = self.loop.create_task(self._requeue_later())
-
-    async def _requeue_later(self) -> None:
-        delay = REQUEUE_RETRY_SECONDS
-        while self.requeues:
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, REQUEUE_RETRY_MOST_SECONDS)
-            waiting, self.requeues = self.requeues, {}
-            await self.requeue(waiting)
+                log.error("could not re-queue %s after its socket closed: %s", op.item_id, answer)
+        if away:
+            engine.make_again_later(away)
 
     # -- delayed items and the backstop ----------------------------------------------------
 
