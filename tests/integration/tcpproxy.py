@@ -84,8 +84,15 @@ class TcpProxy:
             for sock in (client, upstream):  # a small write is passed on at once (no Nagle)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
-                self._open.update((client, upstream))
-                self._upstream.add(upstream)
+                # Refused meanwhile (a cut's ``then_refuse``, whose ``drop_all`` did not see
+                # this connection yet): refused, or it would outlive the cut.
+                refused = self.refuse
+                if not refused:
+                    self._open.update((client, upstream))
+                    self._upstream.add(upstream)
+            if refused:
+                self._cut(client, upstream)
+                continue
             link = _Link()
             for args in ((client, upstream, False, link), (upstream, client, True, link)):
                 threading.Thread(target=self._pump, args=args, daemon=True).start()
@@ -103,7 +110,7 @@ class TcpProxy:
                         break
                 elif self._commit_cut is not None and not self._at_commit(data, link):
                     if link.drop_all_after:
-                        self.drop_all()
+                        self.drop_all(but=(sink,) if link.holds_server else ())
                     if link.holds_server:
                         self._cut(source)  # the server's end stays open, unaware
                         return
@@ -112,10 +119,16 @@ class TcpProxy:
                             self._held.append(source)  # the client waits for an answer
                         return
                     break  # cut before the COMMIT reaches the server
+                if link.drop_all_after:
+                    # The others first: the COMMIT's answer, lost, cuts this link at once, and
+                    # the client may ask on another connection before this thread runs again.
+                    self.drop_all(but=(source, sink))
                 sink.sendall(data)
                 if link.drop_all_after:
+                    # Those opened since, too; but not this link, before the server has read
+                    # the COMMIT (a reset would lose it): its answer, lost, cuts it.
                     link.drop_all_after = False
-                    self.drop_all()
+                    self.drop_all(but=(source, sink))
         except OSError:
             pass
         if answers and link.holds_client:
@@ -165,9 +178,9 @@ class TcpProxy:
                 ports.append(sock.getsockname()[1])
         return ports
 
-    def drop_all(self) -> None:
+    def drop_all(self, but: tuple[socket.socket, ...] = ()) -> None:
         with self._lock:
-            socks = list(self._open)
+            socks = [sock for sock in self._open if sock not in but]
         self._cut(*socks)
 
     def close(self) -> None:
