@@ -222,7 +222,7 @@ class Claims:
         """A claim found the file of a claimable row gone from ``pending/``: it has lost,
         and takes nothing. What is left is a crash's, or a group's whose commit failed (the
         database let go of its locks before it could undo its files; it spares the rows
-        changed meanwhile when it does: ``Group._put_back_files``), never a live group's
+        changed meanwhile when it does: ``Group.put_back_files``), never a live group's
         (this group holds the row, and a group that fails otherwise undoes its files before
         it lets go):
 

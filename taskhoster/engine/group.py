@@ -52,6 +52,7 @@ from ..timeutil import now as utcnow
 from . import rows as sql
 from . import rules
 from .claims import Claims
+from .giveback import Unsettled
 from .ops import (
     Cancel,
     Claim,
@@ -140,7 +141,7 @@ class Group:
         self.xid: sql.TransactionId | None = None
         self.committing = False  # its statements done: what fails now may have committed
         # Each existing row whose file this group changes, as it found it
-        # (``_put_back_files``).
+        # (``put_back_files``).
         self.found: dict[str, RowStamp] = {}
 
     # -- running ------------------------------------------------------------------------
@@ -176,7 +177,7 @@ class Group:
             if not committed:
                 # The commit itself failed (nothing left to undo otherwise): the database
                 # rolled the transaction back and let go of its locks first.
-                self._put_back_files()
+                self.put_back_files()
                 raise
             if not isinstance(exc, Exception):
                 raise
@@ -246,7 +247,7 @@ class Group:
         # undo the files of a group already committed.
         transaction.on_commit(self._announce, robust=True)
 
-    def _put_back_files(self) -> None:
+    def put_back_files(self, *, or_unlocked: bool = True) -> None:
         """Undo the files of a group whose ``COMMIT`` failed (a lost one found not to have
         committed, or one the database refused). Its transaction's locks went with it, so
         another group may have changed these items since: finding this group's files ahead
@@ -255,9 +256,11 @@ class Group:
         this group's renames and truncations would undo that group's changes instead. So
         the rows are locked again first, and only the files of the items whose rows are as
         this group found them (its ``rev``, status, lease and attempts; made by it: no row)
-        are put back; the others' are theirs
-        now. Should the database not answer, they are put back without the locks, as
-        before."""
+        are put back; the others' are theirs now. Should the database not answer, they are
+        put back without the locks (``or_unlocked``), or the error is raised.
+
+        Also run later, for a group whose outcome was unknown and is found to have rolled
+        back (``unsettled``), from another thread."""
         if not (self.outermost and self.committing and self.files.undo and sql.dialect().lock):
             self.files.rollback()
             return
@@ -279,10 +282,15 @@ class Group:
                     log.warning(
                         "the files of %s, which another group changed since this group's "
                         "commit failed, are left as they are",
-                        ", ".join(sorted(spare)[:20]),
+                        ", ".join(
+                            f"{i} ({found[i]} -> {now[i].stamp if i in now else None})"
+                            for i in sorted(spare)[:20]
+                        ),
                     )
                 self.files.rollback(spare=spare)
         except DbError as error:
+            if not or_unlocked:
+                raise
             log.warning("could not lock the rows again to put their files back (%s)", error)
             self.files.rollback()
 
@@ -337,31 +345,36 @@ class Group:
         # The files stay as the group left them (not flushed, nothing acknowledged): if the
         # transaction committed they agree with its rows; if not, they are ahead of them, as
         # a crash between a group's files and its commit leaves them, which every transition
-        # and repair already handles. (Putting them back could undo the change of a group
-        # that took these items once the lost session's locks were gone.)
-        items = sorted({r.id for r in self.created} | set(self.rows))
+        # and repair already handles. The outcome is asked again once the database answers
+        # (``unsettled``): the runner hands the group on.
         log.error(
             "could not learn whether transaction %d committed (%s); its group's files are "
-            "left as it wrote them: run `manage.py sweep --repair` to bring the index in line "
-            "with them (items: %s)",
+            "left as it wrote them until the database answers",
             xid,
             status,
-            ", ".join(items[:20]) + (" ..." if len(items) > 20 else ""),
         )
         raise OutcomeUnknown(
             "the database connection was lost during the commit, and whether it committed "
             "is unknown: nothing is acknowledged"
         ) from exc
 
-    def taken_by_claims(self) -> list[tuple[str, str]]:
-        """The ``(item id, lease)`` of every item this group's claims took (what they would
-        have answered had it committed)."""
+    def unsettled(self) -> Unsettled:
+        """What settles this group once the database answers, its ``COMMIT``'s outcome
+        unknown (``OutcomeUnknown``): its transaction, what its claims took (the ``(item id,
+        lease)`` they would have answered had it committed), and how to put its files
+        back."""
+        assert self.xid is not None
         taken: list[tuple[str, str]] = []
         for op in self.ops:
             ok, value = self.answers.get(id(op), (False, None))
             if isinstance(op, Claim) and ok:
                 taken.extend((c.row.id, c.row.lease or "") for c in value)
-        return taken
+        return Unsettled(
+            asked=self.xid,
+            taken=taken,
+            items=sorted({r.id for r in self.created} | set(self.rows)),
+            put_back=partial(self.put_back_files, or_unlocked=False),
+        )
 
     def _answer(self, op: Op[Any], fn: Callable[..., Any], *args: Any) -> None:
         try:
@@ -615,6 +628,8 @@ class Group:
             return
         if isinstance(decision, Refuse):
             raise decision.error
+        # As found, before any change of it (the tally's included: it sets the status).
+        self.found.setdefault(row.id, row.stamp)
         if isinstance(decision, Remove):
             self._remove(row, reason=decision.reason)
             return
@@ -636,7 +651,6 @@ class Group:
         if row.status is Status.PROCESSING and decision.status is not Status.PROCESSING:
             self._slot_freed(row)
         self.tally.status(row, decision.status)
-        self.found.setdefault(row.id, row.stamp)
         row.set(**changes)
         self._thread_effect(row, decision.thread)
         for counter in decision.counters:

@@ -97,9 +97,9 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
             group.run()
         except TaskhosterError as exc:
             if isinstance(exc, OutcomeUnknown):
-                # Its claims may have taken items that no one will hear of: given back
-                # once the database answers.
-                giveback.claimed(group.taken_by_claims())
+                # Settled once the database answers: its files put back if it rolled back,
+                # what its claims took (no one heard of it) given back if it committed.
+                giveback.unsettled(group.unsettled())
             # A post whose key the group refused keeps that answer (what the caller would
             # have heard first), the rest hear why the group failed.
             refused = group.refused_keys()

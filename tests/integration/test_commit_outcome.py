@@ -36,7 +36,7 @@ from ..conftest import REPO, Server, database_url, server_env
 from . import ownpostgres
 from .ownpostgres import OwnPostgres
 from .tcpproxy import TcpProxy
-from .test_database_restart import env_through, proxy_to_database
+from .test_database_restart import env_through, proxy_to_database, server_says
 from .wsclient import connect, recv, send, subscribe
 
 pytestmark = [
@@ -79,11 +79,18 @@ def assert_committer_kept(server: Server) -> None:
 
 
 @pytest.fixture
-def served(serving) -> Iterator[tuple[TcpProxy, httpx.Client]]:
+def served(serving_logged) -> tuple[TcpProxy, httpx.Client]:
+    proxy, _server, http = serving_logged
+    return proxy, http
+
+
+@pytest.fixture
+def serving_logged(serving) -> Iterator[tuple[TcpProxy, Server, httpx.Client]]:
+    """``served``, and the server (its log)."""
     proxy, server, key = serving
     headers = {"Authorization": f"Token {key}"}
     with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:
-        yield proxy, http
+        yield proxy, server, http
 
 
 def _state_of_file(item_id: str) -> State | None:
@@ -218,6 +225,85 @@ def test_a_claim_whose_outcome_cannot_be_learned_gives_its_items_back_once_the_d
     assert _state_of_file(item_id) is State.PROCESSING
 
 
+def _files(state: State) -> set[str]:
+    return {path.stem for path in store().state_dir("q", state).glob("*.json")}
+
+
+def _until(what: str, done: Any, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    ("op", "holds_server"),
+    [("post", False), ("post", True), ("claim", False), ("result", False)],
+    ids=["post", "post-session-held", "claim", "result"],
+)
+def test_a_commit_whose_outcome_was_unknown_and_did_not_commit_has_its_files_put_back(
+    serving_logged, op, holds_server
+):
+    """A group's ``COMMIT`` never reaches the database, which is away from then on: the
+    caller hears 503 ``store_error`` (outcome unknown) and the group's files stay as it
+    wrote them, ahead of its rows. Once the database answers, the server asks again, learns
+    it rolled back (ending the session first where the network left it waiting in its
+    transaction), and puts the files back: a post's file goes (before, it stayed with no
+    row, and ``sweep --repair`` made a second item of a post its producer had sent again
+    with its key), a claim's item is back in ``pending/``, a result's back in
+    ``processing/``. Then repair finds nothing to do."""
+    proxy, server, http = serving_logged
+    body: dict[str, Any]
+    if op == "post":
+        marker, url, body = INSERT, "/api/queues/q/items", {"payload": "lost", "key": "k1"}
+    else:
+        item_id = _post(http, 1)
+        if op == "result":
+            assert _claim(http) == [item_id]
+        marker = item_id.encode()
+        if op == "claim":
+            url, body = "/api/queues/q/claim", {"max": 1}
+        else:
+            url, body = f"/api/items/{item_id}/result", {"result": "ok"}
+    before = {state: _files(state) for state in (State.PENDING, State.PROCESSING, State.DONE)}
+    proxy.cut_at_commit(marker, reaches_server=False, holds_server=holds_server, then_refuse=True)
+    answer = http.post(url, json=body)
+    assert proxy.commits_cut == 1, "the proxy cut the COMMIT"
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["code"] == "store_error", answer.text
+    ahead = {state: _files(state) for state in before}
+    assert ahead != before, "the group's files are left as it wrote them, ahead of its rows"
+    proxy.refuse = False
+    now = lambda: {state: _files(state) for state in before}  # noqa: E731
+    try:
+        _until("the files put back", lambda: now() == before)
+    except AssertionError:
+        log = server.log.read_text(errors="replace").splitlines()
+        raise AssertionError("\n".join([f"{before} -> {ahead} -> {now()}", *log[-40:]])) from None
+    if op == "post":
+        # Sent again with its key: made now, once (the first never committed).
+        again = http.post(url, json=body)
+        assert again.status_code == 201, again.text
+        made = again.json()["id"]
+        assert _files(State.PENDING) == {made}
+    report = repair(grace_seconds=0)
+    changed = (
+        report.rows_removed,
+        report.rows_added,
+        report.rows_corrected,
+        report.files_moved,
+        report.torn_lines_cut,
+    )
+    assert changed == (0, 0, 0, 0, 0), f"repair found the files and rows apart: {report}"
+    if op == "post":
+        assert list(Item.objects.values_list("id", flat=True)) == [made], "one item"
+    else:
+        want = Status.PENDING if op == "claim" else Status.PROCESSING
+        row = Item.objects.get(id=item_id)
+        assert row.status == want
+        assert row.attempts == (0 if op == "claim" else 1)
+
+
 def test_a_failed_commit_puts_back_only_the_files_no_other_group_changed_since(
     transactional_db, state_root, make_key
 ):
@@ -336,7 +422,7 @@ def test_a_socket_result_whose_outcome_cannot_be_learned_is_unavailable_and_take
             await ws.close()
 
     first, again = asyncio.run(run())
-    assert error_code(first) == "unavailable", first
+    assert error_code(first) == "unavailable", (first, server_says(server, [item_id]))
     if then == "socket-closed":
         done, requeued = (Status.FINISHED, State.DONE), (Status.PENDING, State.PENDING)
         expected = done if reaches_server else requeued
