@@ -196,7 +196,9 @@ ERROR_FRAME = Body(
         dataclasses.replace(contract.ITEM_ID, required=False, description="The frame's item."),
     ),
     description="A frame the server could not take (in place of its ack); the socket stays "
-    "open, except after 'internal' (closed with 4500) or on connect without a valid key.",
+    "open, except after 'internal' (closed with 4500), on connect without a valid key (4401, "
+    "or 4403 without the work scope), and after 'unavailable' in answer to a connect or a "
+    "subscribe, whose key or queues could not be looked up (4503: connect again later).",
 )
 DRAIN_FRAME = Body(
     "DrainFrame",

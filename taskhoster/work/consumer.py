@@ -74,6 +74,9 @@ FAIR_SHARE = 32
 # 1011 is the protocol's own code for a server error, but the ASGI server may only send 1000 or
 # 3000-4999; like 4401 and 4403 mirror HTTP statuses, 4500 mirrors 500.
 CLOSE_SERVER_ERROR = 4500
+# The database did not answer a connect's key or a subscribe's queues: try again later (as
+# HTTP's 503; WebSocket's own 1013 is not a code this server's protocol library may send).
+CLOSE_UNAVAILABLE = 4503
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_ABUSE = 4429
@@ -82,6 +85,8 @@ ABUSE_ERRORS = 100
 # A frame's error while the database is away (``engine.DATABASE_AWAY``; not counted above):
 # sent again, a verdict that did commit is refused harmlessly, one that did not is taken.
 UNAVAILABLE = "unavailable"
+# An answer's key (not sent) naming the code to close the socket with once it is sent.
+CLOSES = "closes"
 
 
 class Held(NamedTuple):
@@ -260,7 +265,17 @@ class WorkConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         secret = parse_authorization(_header(self.scope, b"authorization"))
-        principal = await run_sync(authenticate, secret) if secret else None
+        try:
+            principal = await run_sync(authenticate, secret) if secret else None
+        except engine.DATABASE_AWAY as exc:
+            await self.accept()
+            log.warning(
+                "a /work socket's key could not be judged: the database did not answer: %s", exc
+            )
+            await self._refuse(
+                CLOSE_UNAVAILABLE, UNAVAILABLE, "the database did not answer; connect again later"
+            )
+            return
         await self.accept()
         if principal is None:
             await self._refuse(
@@ -393,6 +408,8 @@ class WorkConsumer(AsyncWebsocketConsumer):
             await self._error(frame["code"], frame["message"], item_id=frame.get("id"))
             if frame["code"] == "internal":
                 await self._close(CLOSE_SERVER_ERROR)
+            elif CLOSES in frame:
+                await self._close(frame[CLOSES])
 
     def _parse(self, text_data: str | None, bytes_data: bytes | None) -> dict[str, Any]:
         if text_data is None:
@@ -428,6 +445,12 @@ class WorkConsumer(AsyncWebsocketConsumer):
     async def _on_subscribe(self, message: dict[str, Any]) -> None:
         try:
             await self._subscribe(message)
+        except engine.DATABASE_AWAY as exc:
+            # Nothing to wait on: a subscription whose queues are unknown takes nothing. The
+            # socket is closed once this is sent (4503); the worker connects again later.
+            frame = self._unavailable(message, exc)
+            frame["message"] = "the database did not answer; connect again later"
+            self.outbox.put_nowait(_now({**frame, CLOSES: CLOSE_UNAVAILABLE}))
         except TaskhosterError as exc:
             self.outbox.put_nowait(_now(self._error_frame(exc, None)))
         except Exception:

@@ -26,6 +26,7 @@ import httpx
 import pytest
 from django.conf import settings
 from django.db import connection
+from websockets.exceptions import ConnectionClosed
 
 from taskhoster import engine
 from taskhoster.client import Job, RetryableError, Worker
@@ -35,6 +36,7 @@ from taskhoster.status import Status
 from ..conftest import Server, database_url
 from .tcpproxy import TcpProxy
 from .test_processes import REDIS_URL
+from .wsclient import connect, recv, send
 
 pytestmark = [
     pytest.mark.slow,
@@ -291,5 +293,64 @@ def test_a_socket_claim_that_met_the_database_away_is_made_again_once_it_is_back
         worker.stop(hand_back=True)
         serving.join(15)
         loop.close()
+        server.stop()
+        proxy.close()
+
+
+def test_a_subscribe_that_meets_the_database_away_hears_unavailable_and_is_closed_4503(
+    transactional_db, state_root, make_key
+):
+    """The database goes away between a socket's connect and its subscribe: the queues
+    cannot be looked up. The socket hears ``unavailable`` and is closed with 4503 (connect
+    again later); before, it heard ``internal`` and was closed with 4500, the server's log
+    holding a traceback as for a fault of its own. Once the database is back, a socket
+    subscribes as ever."""
+    proxy = proxy_to_database()
+    server = Server(state_root, **env_through(proxy)).start()
+    key = make_key()
+    engine.upsert_queue(name="q", body={"leaseSeconds": 120})
+    try:
+        loop = asyncio.new_event_loop()
+        try:
+            ws = loop.run_until_complete(connect(server, key))  # its key judged
+
+            async def subscribe_away() -> dict[str, Any]:
+                await send(ws, {"type": "subscribe", "queues": ["q"], "capacity": 1})
+                frame = await recv(ws, timeout=15)
+                with pytest.raises(ConnectionClosed):
+                    await recv(ws, timeout=15)
+                return frame
+
+            proxy.refuse = True
+            assert _terminate(proxy.upstream_ports()) > 0
+            frame = loop.run_until_complete(subscribe_away())
+            code = ws.close_code
+        finally:
+            loop.close()
+        assert (frame["type"], frame["code"]) == ("error", "unavailable"), frame
+        assert code == 4503, server.log.read_text()[-3000:]
+        assert "Traceback" not in server.log.read_text(), "no fault of the server's own"
+        proxy.refuse = False
+
+        with httpx.Client(base_url=server.url, headers={"Authorization": f"Token {key}"}) as http:
+            deadline = time.monotonic() + 15
+            while (
+                answer := http.post("/api/queues/q/items", json={"payload": 1})
+            ).status_code != 201:
+                assert time.monotonic() < deadline, answer.text
+                time.sleep(0.2)
+        item_id = answer.json()["id"]
+
+        async def back() -> dict[str, Any]:
+            ws = await connect(server, key)
+            try:
+                await send(ws, {"type": "subscribe", "queues": ["q"], "capacity": 1})
+                return await recv(ws, timeout=10)
+            finally:
+                await ws.close()
+
+        pushed = asyncio.run(back())
+        assert (pushed["type"], pushed["id"]) == ("item", item_id), pushed
+    finally:
         server.stop()
         proxy.close()

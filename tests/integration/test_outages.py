@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from typing import Any
 
 import httpx
 import pytest
+from websockets.exceptions import ConnectionClosed
 
 from ..conftest import Server
+from .wsclient import connect, recv
 
 pytestmark = pytest.mark.slow
 
@@ -71,3 +75,32 @@ def test_what_fails_after_a_groups_commit_does_not_undo_it(server_factory, make_
         assert claimed.status_code == 200, claimed.text
         assert [item["id"] for item in claimed.json()["items"]] == [item_id]
         assert claimed.json()["items"][0]["payload"] == "kept"
+
+
+def test_a_work_socket_whose_key_cannot_be_judged_hears_unavailable_and_is_closed_4503(
+    state_root,
+):
+    """The database away at a socket's connect: no key can be judged. The socket hears
+    ``unavailable`` and is closed with 4503 (connect again later), as a REST call hears 503
+    ``unavailable``; before, its handshake failed on the server's exception (logged with a
+    traceback each time a worker tried)."""
+    state_root.mkdir()
+    server = Server(
+        state_root, DATABASE_URL="postgres://postgres@127.0.0.1:1/nowhere", TASKHOSTER_DB_POOL="0"
+    )
+    server.start(healthy=False)
+    try:
+
+        async def run() -> tuple[dict[str, Any], int | None]:
+            ws = await connect(server, "th_whatever")
+            frame = await recv(ws, timeout=15)
+            with pytest.raises(ConnectionClosed):
+                await recv(ws, timeout=15)
+            return frame, ws.close_code
+
+        frame, code = asyncio.run(run())
+        assert (frame["type"], frame["code"]) == ("error", "unavailable"), frame
+        assert code == 4503
+        assert "Traceback" not in server.log.read_text()
+    finally:
+        server.stop()
