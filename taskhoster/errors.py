@@ -118,5 +118,6 @@ class StoreError(TaskhosterError):
 class OutcomeUnknown(StoreError):
     """The database connection was lost during the commit and the database could not be
     asked, in time, whether it committed: nothing is acknowledged, the state directories are
-    left as the operation wrote them (as a crash before its commit leaves them), and
+    left as the operation wrote them (as a crash before its commit leaves them) until the
+    database answers (then they are put back if it rolled back: ``engine.giveback``), or
     ``manage.py sweep --repair`` brings the index in line with them."""

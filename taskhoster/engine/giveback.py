@@ -79,6 +79,7 @@ class Unsettled:
     # Puts its files back under the rows' locks taken again (raises ``DbError`` should the
     # database not answer; then it is asked again later).
     put_back: Callable[[], None]
+    flush: Callable[[], None]  # makes its files durable (it committed: they are its rows')
 
 
 _waiting: dict[str, Again] = {}  # by item id: what to make again
@@ -89,12 +90,6 @@ _thread: threading.Thread | None = None
 
 def unsettled(group: Unsettled) -> None:
     """Settle this group once the database answers (see the module docstring)."""
-    log.warning(
-        "transaction %d's outcome is unknown: it is asked again once the database answers "
-        "(its files are put back if it rolled back; what its claims took is given back if "
-        "it committed)",
-        group.asked.xid,
-    )
     with _changed:
         _unsettled.append(group)
         _start()
@@ -156,6 +151,16 @@ def _settle(groups: list[Unsettled]) -> list[Unsettled]:
                     if fresh:
                         log.info("transaction %d: not settled yet (%s)", group.asked.xid, exc)
                         still.append(group)
+                except Exception:
+                    # Not the database's absence: asked again, it would fail again (and keep
+                    # the thread from the rest). Its files wait for ``sweep --repair``.
+                    log.exception(
+                        "could not settle transaction %d: run `manage.py sweep --repair` "
+                        "(items: %s)",
+                        group.asked.xid,
+                        ", ".join(group.items[:20]),
+                    )
+                    break
     finally:
         with suppress(Exception):  # this thread's connection is not kept between rounds
             connection.close()
@@ -183,6 +188,10 @@ def _settled(group: Unsettled) -> bool:
         return True
     if status == "committed":
         log.warning("transaction %d committed (its answers were lost)", xid)
+        try:
+            group.flush()  # never flushed: its group stopped at the unknown outcome
+        except OSError as exc:
+            log.error("transaction %d committed; its files could not be flushed: %s", xid, exc)
     else:
         items = group.items
         log.error(

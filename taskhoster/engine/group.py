@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from contextlib import suppress
 from datetime import datetime
 from functools import partial
@@ -103,6 +103,8 @@ log = logging.getLogger(__name__)
 OUTCOME_WAIT_SECONDS = 2.0
 LOST_SESSION_SECONDS = 0.5
 OUTCOME_ASK_EVERY = 0.1
+# A group's files put back later (``put_back_files``) wait at most this long for a row's lock.
+PUT_BACK_LOCK_TIMEOUT = "2s"
 
 
 def _connection_lost(exc: DbError) -> bool:
@@ -143,6 +145,8 @@ class Group:
         # Each existing row whose file this group changes, as it found it
         # (``put_back_files``).
         self.found: dict[str, RowStamp] = {}
+        # The items it made under an id every attempt makes the same (a schedule's slot's).
+        self.reused: set[str] = set()
 
     # -- running ------------------------------------------------------------------------
 
@@ -247,7 +251,7 @@ class Group:
         # undo the files of a group already committed.
         transaction.on_commit(self._announce, robust=True)
 
-    def put_back_files(self, *, or_unlocked: bool = True) -> None:
+    def put_back_files(self, *, or_unlocked: bool = True, spare: Collection[str] = ()) -> None:
         """Undo the files of a group whose ``COMMIT`` failed (a lost one found not to have
         committed, or one the database refused). Its transaction's locks went with it, so
         another group may have changed these items since: finding this group's files ahead
@@ -260,7 +264,9 @@ class Group:
         put back without the locks (``or_unlocked``), or the error is raised.
 
         Also run later, for a group whose outcome was unknown and is found to have rolled
-        back (``unsettled``), from another thread."""
+        back (``unsettled``), from another thread: then (``or_unlocked`` false) a row lock
+        not given within ``PUT_BACK_LOCK_TIMEOUT`` raises too (a lingering session may hold
+        it), and the files of ``spare`` are left as they are."""
         if not (self.outermost and self.committing and self.files.undo and sql.dialect().lock):
             self.files.rollback()
             return
@@ -271,20 +277,25 @@ class Group:
         if fault("group.slow_put_back"):
             time.sleep(slow_seconds())  # tests: another group changes these items meanwhile
         try:
-            with suppress(Exception):
-                connection.close()  # (the one the commit failed on)
+            if or_unlocked:
+                with suppress(Exception):
+                    connection.close()  # (the one the commit failed on)
             with transaction.atomic():
+                if not or_unlocked:
+                    with connection.cursor() as cursor:
+                        cursor.execute(f"SET LOCAL lock_timeout = '{PUT_BACK_LOCK_TIMEOUT}'")
                 now = sql.select_rows(found, lock=True)
-                spare = {
+                changed = {
                     i for i, was in found.items() if (now[i].stamp if i in now else None) != was
                 }
-                if spare:
+                spare = changed | set(spare)
+                if changed:
                     log.warning(
                         "the files of %s, which another group changed since this group's "
                         "commit failed, are left as they are",
                         ", ".join(
                             f"{i} ({found[i]} -> {now[i].stamp if i in now else None})"
-                            for i in sorted(spare)[:20]
+                            for i in sorted(changed)[:20]
                         ),
                     )
                 self.files.rollback(spare=spare)
@@ -310,8 +321,8 @@ class Group:
         to ``OUTCOME_WAIT_SECONDS``; a session still running the transaction after
         ``LOST_SESSION_SECONDS`` is ended first. If no answer comes, the files are left as
         the group wrote them (the files are the truth: ``sweep --repair`` makes the rows
-        follow) and ``OutcomeUnknown`` is raised: nothing is answered as done, nor done
-        again."""
+        follow, should this process end before it learns the outcome: ``unsettled``) and
+        ``OutcomeUnknown`` is raised: nothing is answered as done, nor done again."""
         asked = self.xid
         assert asked is not None
         xid = asked.xid
@@ -347,11 +358,15 @@ class Group:
         # a crash between a group's files and its commit leaves them, which every transition
         # and repair already handles. The outcome is asked again once the database answers
         # (``unsettled``): the runner hands the group on.
+        items = self.changed_items()
         log.error(
             "could not learn whether transaction %d committed (%s); its group's files are "
-            "left as it wrote them until the database answers",
+            "left as it wrote them: this process asks again once the database answers, and "
+            "puts them back if it rolled back; should it end first, run `manage.py sweep "
+            "--repair` to bring the index in line with them (items: %s)",
             xid,
             status,
+            ", ".join(items[:20]) + (" ..." if len(items) > 20 else ""),
         )
         raise OutcomeUnknown(
             "the database connection was lost during the commit, and whether it committed "
@@ -372,9 +387,16 @@ class Group:
         return Unsettled(
             asked=self.xid,
             taken=taken,
-            items=sorted({r.id for r in self.created} | set(self.rows)),
-            put_back=partial(self.put_back_files, or_unlocked=False),
+            items=self.changed_items(),
+            # A schedule's slot made again meanwhile has a file of that name of its own: left
+            # (the next one quarantines a leftover; repair finds it).
+            put_back=partial(self.put_back_files, or_unlocked=False, spare=self.reused),
+            flush=self.files.flush,
         )
+
+    def changed_items(self) -> list[str]:
+        """Every item whose file this group made or changed."""
+        return sorted({r.id for r in self.created} | set(self.rows))
 
     def _answer(self, op: Op[Any], fn: Callable[..., Any], *args: Any) -> None:
         try:
@@ -785,6 +807,8 @@ class Group:
             row.queue_name = queue.name
             row.eligible = row.thread_id is None
             self.files.create(queue.name, row.id, line, replace=op.replace_leftover)
+            if op.replace_leftover:
+                self.reused.add(row.id)
             self.created.append(row)
             self.tally.created(queue.id, queue.name, claimable=row.thread_id is None)
             posted = Posted(row=row, payload=item.payload, created=True)

@@ -8,7 +8,7 @@ row says: nothing is done twice (a post's retry meeting its own committed row, a
 a second item), and no committed change loses its file's move. A server's session left open
 by a network that dropped the COMMIT is ended, which settles it; and when the database cannot
 be asked at all, nothing is acknowledged and the files are left as written (as a crash
-before the commit leaves them: ``sweep --repair`` brings the rows in line with them).
+before the commit leaves them) until the database answers: put back then if it rolled back.
 """
 
 from __future__ import annotations
