@@ -110,7 +110,9 @@ class TcpProxy:
                         break
                 elif self._commit_cut is not None and not self._at_commit(data, link):
                     if link.drop_all_after:
-                        self.drop_all(but=(sink,) if link.holds_server else ())
+                        # The others first, this link after (below): cut first, it would
+                        # have the client ask on a connection not cut yet.
+                        self.drop_all(but=(source, sink))
                     if link.holds_server:
                         self._cut(source)  # the server's end stays open, unaware
                         return

@@ -14,6 +14,7 @@ before the commit leaves them) until the database answers: put back then if it r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import threading
@@ -24,6 +25,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from django.db import DatabaseError
 
 from taskhoster import engine
 from taskhoster.engine.common import store
@@ -302,6 +304,56 @@ def test_a_commit_whose_outcome_was_unknown_and_did_not_commit_has_its_files_put
         row = Item.objects.get(id=item_id)
         assert row.status == want
         assert row.attempts == (0 if op == "claim" else 1)
+
+
+def test_a_group_settled_later_spares_the_files_of_items_another_group_changed_meanwhile(
+    transactional_db, state_root, make_key
+):
+    """A claim's ``COMMIT`` never reaches the database, which is away from then on: its
+    outcome unknown, its file is left in ``processing/`` under a ``pending`` row. Once the
+    database is back, and before the server has settled the claim (its put-back held by
+    ``group.slow_put_back``), another group (the test's own claim) finds the file ahead of
+    its row, puts it back and takes the item. The settling learns the claim rolled back and
+    must leave that file where the other group's row says (``processing/``), not move it
+    back to ``pending/``."""
+    proxy = proxy_to_database()
+    engine.upsert_queue(name="q", body={"leaseSeconds": 300})
+    env = env_through(
+        proxy, TASKHOSTER_FAULT="group.slow_put_back", TASKHOSTER_FAULT_SLOW_SECONDS="4"
+    )
+    server = Server(state_root, **env).start()
+    headers = {"Authorization": f"Token {make_key()}"}
+    try:
+        with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:
+            item_id = _post(http, 1)
+            proxy.cut_at_commit(item_id.encode(), reaches_server=False, then_refuse=True)
+            answer = http.post("/api/queues/q/claim", json={"max": 1})
+            assert proxy.commits_cut == 1, "the proxy cut the claim's COMMIT"
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["error"]["code"] == "store_error", answer.text
+        assert _files(State.PROCESSING) == {item_id}, "the claim's file left as it moved it"
+        proxy.refuse = False
+        taken: list[engine.Claimed] = []
+        deadline = time.monotonic() + 10
+        while not taken:
+            assert time.monotonic() < deadline, "the test's claim never took the item"
+            with contextlib.suppress(DatabaseError):
+                taken = engine.execute(engine.Claim(queue_name="q", max_items=1))
+            time.sleep(0.05)
+        (ours,) = taken
+        assert ours.row.id == item_id
+        _until(
+            "the server settled the claim",
+            lambda: "rolled back: its files were put back" in server.log.read_text(),
+        )
+        row = Item.objects.get(id=item_id)
+        assert (row.status, row.lease) == (Status.PROCESSING, ours.row.lease)
+        assert _state_of_file(item_id) is State.PROCESSING, "the file where its row says"
+        assert "which another group changed since" in server.log.read_text()
+        assert_committer_kept(server)
+    finally:
+        server.stop()
+        proxy.close()
 
 
 def test_a_failed_commit_puts_back_only_the_files_no_other_group_changed_since(
