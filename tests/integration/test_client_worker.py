@@ -26,6 +26,7 @@ from taskhoster.client import (
     Unauthorized,
     Worker,
 )
+from taskhoster.client import worker as worker_module
 
 from .tcpproxy import TcpProxy
 
@@ -424,6 +425,81 @@ def test_reconnects_back_off_while_the_server_is_unreachable(server, key):
             await until(lambda: worker.connected >= 1, timeout=30)
             item = await producer.post("q", 1)
             assert await producer.result(item.id, timeout=30) == "after the outage"
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 10)
+
+    try:
+        run_with_producer(server, key, body)
+    finally:
+        proxy.close()
+
+
+async def session_starts(worker, count, timeout=30.0):
+    """When each of the worker's first ``count`` sockets subscribed (polled every 5 ms)."""
+    starts: list[float] = []
+    deadline = time.monotonic() + timeout
+    while len(starts) < count:
+        assert time.monotonic() < deadline, f"only {len(starts)} sockets in {timeout} s"
+        while len(starts) < worker.connected:
+            starts.append(time.monotonic())
+        await asyncio.sleep(0.005)
+    return starts
+
+
+def test_sockets_the_server_closes_at_once_are_reconnected_with_a_growing_backoff(
+    server_factory, key
+):
+    """A server that accepts the handshake and closes the socket at once (its database away:
+    4503; here an internal error at every subscribe: 4500) is a failed connect: the next
+    delay doubles. Before, a handshake reset the backoff, and every worker connected again
+    every ``reconnect_delay`` for as long as it lasted."""
+    server = server_factory(TASKHOSTER_FAULT="socket.subscribe")
+    worker = Worker(server.url, key, reconnect_delay=0.2, reconnect_max_delay=5)
+
+    @worker.handler("q")
+    async def handle(job: Job):
+        return None
+
+    async def body(producer):
+        task = asyncio.create_task(worker.serve())
+        try:
+            starts = await session_starts(worker, 6)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 10)
+        # Delays of 0.1-0.2, 0.2-0.4, 0.4-0.8, 0.8-1.6, 1.6-3.2 s (a slow machine only adds
+        # to the gaps; 10 ms for the polling).
+        gaps = [b - a for a, b in itertools.pairwise(starts)]
+        assert all(gap >= 0.1 * 2**n - 0.01 for n, gap in enumerate(gaps)), gaps
+
+    run_with_producer(server, key, body)
+
+
+def test_a_socket_that_stayed_open_starts_the_reconnect_backoff_again(server, key, monkeypatch):
+    """After failed connects have grown the backoff, a socket that then stayed open
+    ``STABLE_SOCKET_SECONDS`` and dropped is reconnected after the first delay again."""
+    monkeypatch.setattr(worker_module, "STABLE_SOCKET_SECONDS", 1.0)
+    proxy = TcpProxy(server.port)
+    proxy.refuse = True
+    worker = Worker(proxy.url, key, reconnect_delay=0.2, reconnect_max_delay=30)
+
+    @worker.handler("q")
+    async def handle(job: Job):
+        return None
+
+    async def body(producer):
+        task = asyncio.create_task(worker.serve())
+        try:
+            # Five refused tries: the next delay would be 3.2-6.4 s.
+            await until(lambda: proxy.accepted >= 5, timeout=30)
+            proxy.refuse = False
+            await until(lambda: worker.connected >= 1, timeout=30)
+            await asyncio.sleep(1.5)  # open longer than STABLE_SOCKET_SECONDS
+            dropped = time.monotonic()
+            proxy.drop_all()
+            await until(lambda: worker.connected >= 2, timeout=30)
+            assert time.monotonic() - dropped < 1.5, "reconnected after the first delay"
         finally:
             worker.stop()
             await asyncio.wait_for(task, 10)
