@@ -10,7 +10,9 @@ Two kinds of work must not wait for an item's lease to end, nor for an operator'
 
   - committed: its files agree with its rows, but its claims' items are ``processing``
     under leases no caller heard of, held by no worker. They are given back: ``Release``
-    operations, made by ``later`` (no attempt counted);
+    operations, made by ``later`` (no attempt counted). Its files are flushed, and its news
+    sent, as its commit would have (a worker waiting for its posts gets them now, not at
+    the next backstop);
   - rolled back: its files are put back as the database's locks allow
     (``Group.put_back_files``: only those of items no group changed since). Before, they
     stayed ahead of their rows: a post's file with no row, which ``sweep --repair`` made
@@ -80,6 +82,8 @@ class Unsettled:
     # database not answer; then it is asked again later).
     put_back: Callable[[], None]
     flush: Callable[[], None]  # makes its files durable (it committed: they are its rows')
+    # Its news, as its commit would have sent it (posts claimable, verdicts for long-polls).
+    announce: Callable[[], None]
 
 
 _waiting: dict[str, Again] = {}  # by item id: what to make again
@@ -192,6 +196,7 @@ def _settled(group: Unsettled) -> bool:
             group.flush()  # never flushed: its group stopped at the unknown outcome
         except OSError as exc:
             log.error("transaction %d committed; its files could not be flushed: %s", xid, exc)
+        group.announce()  # (logs its own errors): a worker waiting on its queue, say
     else:
         items = group.items
         log.error(

@@ -392,6 +392,7 @@ class Group:
             # (the next one quarantines a leftover; repair finds it).
             put_back=partial(self.put_back_files, or_unlocked=False, spare=self.reused),
             flush=self.files.flush,
+            announce=self._announce,
         )
 
     def changed_items(self) -> list[str]:

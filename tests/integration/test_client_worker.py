@@ -435,6 +435,13 @@ def test_reconnects_back_off_while_the_server_is_unreachable(server, key):
         proxy.close()
 
 
+def idle_worker(url, key, **options):
+    """A worker of queue q whose handler does nothing."""
+    worker = Worker(url, key, **options)
+    worker.add_handler("q", lambda job: None)
+    return worker
+
+
 async def session_starts(worker, count, timeout=30.0):
     """When each of the worker's first ``count`` sockets subscribed (polled every 5 ms)."""
     starts: list[float] = []
@@ -455,19 +462,11 @@ def test_sockets_the_server_closes_at_once_are_reconnected_with_a_growing_backof
     delay doubles. Before, a handshake reset the backoff, and every worker connected again
     every ``reconnect_delay`` for as long as it lasted."""
     server = server_factory(TASKHOSTER_FAULT="socket.subscribe")
-    worker = Worker(server.url, key, reconnect_delay=0.2, reconnect_max_delay=5)
-
-    @worker.handler("q")
-    async def handle(job: Job):
-        return None
+    worker = idle_worker(server.url, key, reconnect_delay=0.2, reconnect_max_delay=5)
 
     async def body(producer):
-        task = asyncio.create_task(worker.serve())
-        try:
+        async with serving(worker, connections=0):
             starts = await session_starts(worker, 6)
-        finally:
-            worker.stop()
-            await asyncio.wait_for(task, 10)
         # Delays of 0.1-0.2, 0.2-0.4, 0.4-0.8, 0.8-1.6, 1.6-3.2 s (a slow machine only adds
         # to the gaps; 10 ms for the polling).
         gaps = [b - a for a, b in itertools.pairwise(starts)]
@@ -482,15 +481,10 @@ def test_a_socket_that_stayed_open_starts_the_reconnect_backoff_again(server, ke
     monkeypatch.setattr(worker_module, "STABLE_SOCKET_SECONDS", 1.0)
     proxy = TcpProxy(server.port)
     proxy.refuse = True
-    worker = Worker(proxy.url, key, reconnect_delay=0.2, reconnect_max_delay=30)
-
-    @worker.handler("q")
-    async def handle(job: Job):
-        return None
+    worker = idle_worker(proxy.url, key, reconnect_delay=0.2, reconnect_max_delay=30)
 
     async def body(producer):
-        task = asyncio.create_task(worker.serve())
-        try:
+        async with serving(worker, connections=0):
             # Five refused tries: the next delay would be 3.2-6.4 s.
             await until(lambda: proxy.accepted >= 5, timeout=30)
             proxy.refuse = False
@@ -500,9 +494,6 @@ def test_a_socket_that_stayed_open_starts_the_reconnect_backoff_again(server, ke
             proxy.drop_all()
             await until(lambda: worker.connected >= 2, timeout=30)
             assert time.monotonic() - dropped < 1.5, "reconnected after the first delay"
-        finally:
-            worker.stop()
-            await asyncio.wait_for(task, 10)
 
     try:
         run_with_producer(server, key, body)

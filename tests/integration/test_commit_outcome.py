@@ -196,6 +196,50 @@ def test_a_commit_whose_outcome_cannot_be_learned_acknowledges_nothing(served):
     assert again.json()["id"] == item_id, "the key finds the post that committed"
 
 
+def test_a_post_whose_outcome_was_unknown_and_did_commit_reaches_a_waiting_worker_once_settled(
+    transactional_db, state_root, make_key
+):
+    """A post whose ``COMMIT`` reached the server, the database away from then on: its
+    producer hears 503 ``store_error``, and no news of it went out. Once the database
+    answers, the give-back thread learns that it committed, flushes its files and announces
+    it as its commit would have: a worker waiting on the queue gets it then, not at the next
+    backstop (here two minutes away: before, it waited for that)."""
+    proxy = proxy_to_database()
+    engine.upsert_queue(name="q", body={"leaseSeconds": 300})
+    server = Server(
+        state_root, **env_through(proxy, TASKHOSTER_SOCKET_BACKSTOP_SECONDS="120")
+    ).start()
+    key = make_key()
+    headers = {"Authorization": f"Token {key}"}
+
+    async def run() -> dict[str, Any]:
+        ws = await connect(server, key)
+        try:
+            await subscribe(ws, ["q"], 1)
+            async with httpx.AsyncClient(base_url=server.url, headers=headers) as http:
+                proxy.cut_at_commit(INSERT, reaches_server=True, then_refuse=True)
+                answer = await http.post(
+                    "/api/queues/q/items", json={"payload": "unheard"}, timeout=30
+                )
+            assert proxy.commits_cut == 1, "the proxy cut the post's COMMIT"
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["error"]["code"] == "store_error", answer.text
+            proxy.refuse = False
+            return await recv(ws, timeout=20)
+        finally:
+            await ws.close()
+
+    try:
+        pushed = asyncio.run(run())
+        (item_id,) = Item.objects.values_list("id", flat=True)
+        assert (pushed["type"], pushed["id"]) == ("item", item_id), pushed
+        assert "committed (its answers were lost)" in server.log.read_text(), "settled later"
+        assert_committer_kept(server)
+    finally:
+        server.stop()
+        proxy.close()
+
+
 @pytest.mark.parametrize("reaches_server", [True, False], ids=["answer-lost", "commit-lost"])
 def test_a_claim_whose_outcome_cannot_be_learned_gives_its_items_back_once_the_database_answers(
     served, reaches_server
