@@ -9,7 +9,8 @@ alone: its transaction, its files, its flush, its answers' objects. Four figures
 - ``drain``: those items drained in groups shaped like a socket drain's: ``--claims`` claims
   of ``--per`` items each, with the results of the previous group's items (µs per item, a
   claim and a result each; a group holds ``claims * per`` of each);
-- ``lone post``: 1,000 groups of one post of one item (µs per group);
+- ``lone post``: 1,000 groups of one post of one item (µs per group, and the CPU they took,
+  the user's and the kernel's);
 - ``empty claim``: 1,000 groups of one claim of 16 that finds nothing (the queue drained),
   which a socket's freed slot costs when nothing waits (µs per group).
 
@@ -21,6 +22,7 @@ hops around it::
     .venv/bin/python bench/committer_cost.py --per 16 --claims 2       # bigger groups
     .venv/bin/python bench/committer_cost.py --profile /tmp/committer.prof   # cProfile the drain
     .venv/bin/python bench/committer_cost.py --profile-empty /tmp/empty.prof  # ... the empty claims
+    .venv/bin/python bench/committer_cost.py --profile-lone /tmp/lone.prof    # ... the lone posts
 """
 
 # ruff: noqa: E402
@@ -69,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="", help="write a cProfile of the drain here")
     parser.add_argument(
         "--profile-empty", default="", help="write a cProfile of the empty claims here"
+    )
+    parser.add_argument(
+        "--profile-lone", default="", help="write a cProfile of the lone posts here"
     )
     args = parser.parse_args(argv)
     env = make_environment(args)
@@ -135,10 +140,17 @@ def measure(args: argparse.Namespace) -> int:
     profiled(empty_claims, args.profile_empty)
     empty = (time.perf_counter() - started) / 1000
 
+    def lone_posts() -> None:
+        for n in range(1000):
+            run([prepare_post("bench", [NewItem(payload={"n": n})])])
+
     started = time.perf_counter()
-    for n in range(1000):
-        run([prepare_post("bench", [NewItem(payload={"n": n})])])
+    times_started = os.times()
+    profiled(lone_posts, args.profile_lone)
     lone = (time.perf_counter() - started) / 1000
+    times = os.times()
+    lone_user = (times.user - times_started.user) / 1000
+    lone_system = (times.system - times_started.system) / 1000
 
     print(
         f"committer cost in one process: fsync {'on' if get_conf().fsync else 'off'}, "
@@ -149,7 +161,10 @@ def measure(args: argparse.Namespace) -> int:
         f"  drain, {args.claims} claims of {args.per} + results: "
         f"{per_drained * 1e6:8.0f} µs per item ({drained} items)"
     )
-    print(f"  lone post, groups of one:      {lone * 1e6:8.0f} µs per group")
+    print(
+        f"  lone post, groups of one:      {lone * 1e6:8.0f} µs per group "
+        f"(CPU: {lone_user * 1e6:.0f} µs user, {lone_system * 1e6:.0f} µs system)"
+    )
     print(f"  empty claim, groups of one:    {empty * 1e6:8.0f} µs per group")
     return 0
 
