@@ -91,8 +91,10 @@ def new_key() -> str:
 
 
 def retry_delay(attempt: int, base: float = 0.25, cap: float = 5.0) -> float:
-    """Exponential backoff with jitter: about base, 2*base, 4*base ... at most ``cap``."""
-    return float(min(cap, base * 2**attempt) * random.uniform(0.5, 1.0))
+    """Exponential backoff with jitter: about base, 2*base, 4*base ... at most ``cap``, at
+    any attempt (a worker's thousandth reconnect in a long outage, too: ``2.0**1024`` would
+    overflow)."""
+    return float(min(cap, base * 2.0 ** min(attempt, 60)) * random.uniform(0.5, 1.0))
 
 
 def seg(value: str) -> str:

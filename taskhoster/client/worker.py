@@ -127,12 +127,12 @@ SUBSCRIBE_ERRORS = frozenset(
 #: largest payload and 64 KiB).
 GATHERED_RESULT_BYTES = 16 * 1024
 GATHERED_FRAME_BYTES = 48 * 1024
-#: A verdict (or an extend) the server answered ``unavailable`` (its database away; nothing
-#: was done) is sent again after this long, doubling up to the most.
 #: A socket that stayed open this long starts the reconnect backoff again from its first
 #: delay when it drops; one closed sooner (the server accepted its handshake, then refused
 #: its subscribe or failed) counts as a failed connect, and the next delay doubles.
 STABLE_SOCKET_SECONDS = 10.0
+#: A verdict (or an extend) the server answered ``unavailable`` (its database away; nothing
+#: was done) is sent again after this long, doubling up to the most.
 VERDICT_RETRY_SECONDS = 0.5
 VERDICT_RETRY_MOST_SECONDS = 5.0
 CLOSE_UNAUTHORIZED = 4401

@@ -209,6 +209,9 @@ def test_a_post_whose_outcome_was_unknown_and_did_commit_reaches_a_waiting_worke
     server = Server(
         state_root, **env_through(proxy, TASKHOSTER_SOCKET_BACKSTOP_SECONDS="120")
     ).start()
+    # A key this server has not seen: its post is answered in a thread, with no hint to the
+    # socket to claim in the post's own group. (With one, the claim would share the unknown
+    # outcome, and its item would come back by the give-back's release, announce or not.)
     key = make_key()
     headers = {"Authorization": f"Token {key}"}
 
