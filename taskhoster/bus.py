@@ -25,20 +25,24 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import contextlib
 import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from .conf import get_conf
+from .osthread import name_os_thread
 
 log = logging.getLogger(__name__)
 ORIGIN = f"{os.getpid()}-{secrets.token_hex(4)}"
@@ -47,6 +51,18 @@ MAX_DATAGRAM = 65536
 # How often a Redis listener on a state root without an identity yet looks for one.
 IDENTITY_RECHECK_SECONDS = 1.0
 MESSAGE_NEWS = 500  # news per message: a datagram stays well under MAX_DATAGRAM
+# Messages waiting for Redis (``_RedisPublisher``) at most; the oldest are dropped beyond.
+PENDING_MOST = 10_000
+# After a failed send to Redis, the publisher waits this long before the next try.
+SEND_AGAIN_AFTER_SECONDS = 0.5
+# Lost messages are warned of at most this often.
+LOST_WARNING_SECONDS = 10.0
+# At a process's exit, what waits for Redis is given this long to be sent.
+FLUSH_AT_EXIT_SECONDS = 2.0
+# A listener that heard nothing from Redis for this long asks it a PING; with no answer in
+# LISTENER_ANSWER_SECONDS more, its connection is given up and a new one made.
+LISTENER_QUIET_SECONDS = 5.0
+LISTENER_ANSWER_SECONDS = 5.0
 
 News = tuple[str, str, str]
 Handler = Callable[[Sequence[News]], None]
@@ -131,23 +147,115 @@ def _abstract_name(directory: Path, name: str) -> str:
 
 
 class _RedisPublisher:
+    """Publishes to Redis on a thread of its own: whoever announces news (a group's commit,
+    a socket's end on daphne's event loop) hands it over and goes on at once. Redis that is
+    slow, hung or away (an address that drops packets) used to hold each of them for the
+    client's timeout (2 s), every post of every process included. Messages waiting are sent
+    together, in one round trip; at most ``PENDING_MOST`` wait, the oldest dropped beyond
+    that (news is a hint: the sockets' backstop finds what it would have said)."""
+
     def __init__(self, url: str) -> None:
         import redis
 
         self.client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        self._waiting: collections.deque[bytes] = collections.deque()
+        self._changed = threading.Condition()
+        self._sending = False  # a batch taken from ``_waiting`` is being sent
+        self._started = False
+        self._lost = 0  # messages dropped or failed since the last warning
+        self._warned_at = -math.inf
 
     def ping(self) -> None:
         self.client.ping()
 
     def publish(self, data: bytes) -> None:
-        try:
-            self.client.publish(news_channel(), data)
-        except Exception as exc:  # a lost hint; the backstop re-check catches up
-            log.warning("could not publish news to Redis: %s", exc)
+        with self._changed:
+            if not self._started:
+                self._started = True
+                threading.Thread(
+                    target=self._send_forever, name="taskhoster-news", daemon=True
+                ).start()
+            if len(self._waiting) >= PENDING_MOST:
+                self._waiting.popleft()
+                self._lost += 1
+            self._waiting.append(data)
+            self._changed.notify_all()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every message handed over was sent (or given up), at most ``timeout``
+        seconds; whether it was."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self._waiting or self._sending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._changed.wait(remaining)
+        return True
+
+    def _send_forever(self) -> None:
+        name_os_thread()
+        while True:
+            with self._changed:
+                self._sending = False
+                self._changed.notify_all()  # (``flush``)
+                while not self._waiting:
+                    self._changed.wait()
+                batch = list(self._waiting)
+                self._waiting.clear()
+                self._sending = True
+            try:
+                channel = news_channel()
+                pipe = self.client.pipeline(transaction=False)
+                for data in batch:
+                    pipe.publish(channel, data)
+                pipe.execute()
+            except Exception as exc:  # a lost hint; the backstop re-check catches up
+                with self._changed:
+                    self._lost += len(batch)
+                self._warn(exc)
+                time.sleep(SEND_AGAIN_AFTER_SECONDS)  # what comes meanwhile goes in one try
+            else:
+                self._warn(None)
+
+    def _warn(self, exc: Exception | None) -> None:
+        """Say what was lost: at once the first time, then at most every
+        ``LOST_WARNING_SECONDS`` (Redis away fails every batch)."""
+        now = time.monotonic()
+        with self._changed:
+            lost = self._lost
+            if not lost or now - self._warned_at < LOST_WARNING_SECONDS:
+                return
+            self._lost, self._warned_at = 0, now
+        log.warning(
+            "could not publish news to Redis: %d message(s) lost (%s); other processes' "
+            "sockets find what they said at their backstop re-check",
+            lost,
+            exc if exc is not None else "too many waiting",
+        )
 
 
 _publishers: dict[tuple[str, str], Any] = {}
 _publishers_lock = threading.Lock()
+
+
+def _flush_at_exit() -> None:
+    """News handed to Redis's publisher just before a process ends (a ``manage.py``
+    command's) is sent, unless Redis does not take it within ``FLUSH_AT_EXIT_SECONDS``."""
+    for publisher in list(_publishers.values()):
+        if isinstance(publisher, _RedisPublisher):
+            publisher.flush(FLUSH_AT_EXIT_SECONDS)
+
+
+def _forget_publishers() -> None:
+    """In a forked child: its parent's publishers' threads are not there (new ones are made)."""
+    global _publishers_lock
+    _publishers.clear()
+    _publishers_lock = threading.Lock()
+
+
+atexit.register(_flush_at_exit)
+os.register_at_fork(after_in_child=_forget_publishers)
 
 
 @functools.lru_cache(maxsize=8)
@@ -293,8 +401,10 @@ class Listener:
         import redis.asyncio as aioredis
 
         while True:
-            client = aioredis.Redis.from_url(url)
-            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            client = aioredis.Redis.from_url(
+                url, socket_timeout=LISTENER_ANSWER_SECONDS, socket_connect_timeout=2
+            )
+            pubsub = client.pubsub()
             try:
                 await self._hear_redis(pubsub)
             except asyncio.CancelledError:
@@ -308,25 +418,48 @@ class Listener:
             await asyncio.sleep(1)
 
     async def _hear_redis(self, pubsub: Any) -> None:
+        """Hear the installation's channel until the connection fails, or goes quiet: after
+        ``LISTENER_QUIET_SECONDS`` with nothing heard it is asked a ``PING``, and with no
+        answer in ``LISTENER_ANSWER_SECONDS`` more it is given up (and a new one made).
+        Without that, a connection whose far end was lost without a word (a Redis failed
+        over or restarted while the network between was down, a NAT that forgot it) was
+        listened to for ever: this process heard no other's news again, its sockets got
+        other processes' posts only at their backstop."""
+        loop = asyncio.get_running_loop()
         channel = news_channel()
         await pubsub.subscribe(channel)
-        while channel == REDIS_CHANNEL:
-            # No identity yet: the state root's is written at its first check, which may
-            # come after this listener starts (an embedding's first socket; a database that
-            # did not answer at the server's start). Look again every second, and move to
-            # the installation's channel once it has one.
-            message = await pubsub.get_message(
-                ignore_subscribe_messages=True, timeout=IDENTITY_RECHECK_SECONDS
-            )
+        heard = looked = loop.time()
+        pinged = False
+        while True:
+            # Woken only when there is something to do: a PING to ask, or one unanswered.
+            due = heard + LISTENER_QUIET_SECONDS + (LISTENER_ANSWER_SECONDS if pinged else 0)
+            wait = due - loop.time()
+            if channel == REDIS_CHANNEL:
+                wait = min(wait, IDENTITY_RECHECK_SECONDS)
+            message = await pubsub.get_message(timeout=max(0.01, wait))
+            now = loop.time()
             if message is not None:
-                self._heard_redis(message)
-            found = news_channel()
-            if found != channel:
-                await pubsub.subscribe(found)
-                await pubsub.unsubscribe(channel)
-                channel = found
-        async for message in pubsub.listen():
-            self._heard_redis(message)
+                heard, pinged = now, False  # (a subscription's answer or a PONG, too)
+                if message.get("type") == "message":
+                    self._heard_redis(message)
+            elif pinged and now - heard >= LISTENER_QUIET_SECONDS + LISTENER_ANSWER_SECONDS:
+                raise ConnectionError(
+                    f"Redis did not answer a PING within {LISTENER_ANSWER_SECONDS:g} s"
+                )
+            elif now - heard >= LISTENER_QUIET_SECONDS and not pinged:
+                await pubsub.ping()
+                pinged = True
+            if channel == REDIS_CHANNEL and now - looked >= IDENTITY_RECHECK_SECONDS:
+                # No identity yet: the state root's is written at its first check, which may
+                # come after this listener starts (an embedding's first socket; a database
+                # that did not answer at the server's start). Look again every second, and
+                # move to the installation's channel once it has one.
+                looked = now
+                found = news_channel()
+                if found != channel:
+                    await pubsub.subscribe(found)
+                    await pubsub.unsubscribe(channel)
+                    channel = found
 
     def _heard_redis(self, message: dict[str, Any]) -> None:
         news = _decode(message.get("data") or b"")

@@ -4,6 +4,10 @@ faults for the client's retry and reconnect rules (nothing of ours is faked).
 - ``lose_answers = n``: the next ``n`` answers from the server are not passed on; the
   connection is cut instead (the server did the work, the client never hears of it).
 - ``drop_all()``: cut every open connection (a worker's socket drops).
+- ``go_dark()``: every connection open, and every one made until ``light()``, passes nothing
+  either way from then on, and stays open: a server that hangs, or is gone while nothing
+  tells its clients (the proxy's kernel still acknowledges what they send). After
+  ``light()`` new connections pass again; those made dark never do.
 - ``refuse = True``: accept and at once close new connections (the server is unreachable).
 - ``cut_at_commit(marker, reaches_server=...)``: once, on the first connection that sends a
   ``COMMIT`` after sending ``marker`` (a PostgreSQL client: a statement's text), cut the
@@ -33,6 +37,8 @@ class TcpProxy:
         self.url = f"http://{self.host}:{self.port}"
         self.lose_answers = 0
         self.refuse = False
+        self.dark = False
+        self._links: list[_Link] = []
         self.accepted = 0
         self.accepted_at: list[float] = []  # time.monotonic() of each accept
         self.lost = 0
@@ -94,12 +100,17 @@ class TcpProxy:
                 self._cut(client, upstream)
                 continue
             link = _Link()
+            with self._lock:
+                link.dark = self.dark
+                self._links.append(link)
             for args in ((client, upstream, False, link), (upstream, client, True, link)):
                 threading.Thread(target=self._pump, args=args, daemon=True).start()
 
     def _pump(self, source: socket.socket, sink: socket.socket, answers: bool, link: _Link) -> None:
         try:
             while data := source.recv(65536):
+                if link.dark:
+                    continue  # read (the sender's kernel hears it taken) and never passed on
                 if answers:
                     with self._lock:
                         lose = self.lose_answers > 0 or link.lose_next
@@ -180,6 +191,16 @@ class TcpProxy:
                 ports.append(sock.getsockname()[1])
         return ports
 
+    def go_dark(self) -> None:
+        with self._lock:
+            self.dark = True
+            for link in self._links:
+                link.dark = True
+
+    def light(self) -> None:
+        with self._lock:
+            self.dark = False
+
     def drop_all(self, but: tuple[socket.socket, ...] = ()) -> None:
         with self._lock:
             socks = [sock for sock in self._open if sock not in but]
@@ -203,3 +224,4 @@ class _Link:
         self.holds_server = False  # cut on the client's side only
         self.holds_client = False  # cut on the server's side only, the client's held
         self.drop_all_after = False  # once this chunk is passed on, cut every connection
+        self.dark = False  # passes nothing either way (``go_dark``)

@@ -1,0 +1,163 @@
+"""Redis that stops answering holds no work up, and a Redis connection whose far end went
+dark without a word is found out and made again.
+
+News between processes is a hint (a socket's backstop finds what it would have said), so
+Redis is never in the way of the work itself. It was: every group's commit published its
+news to Redis and waited for the answer, so a Redis that hung, or an address that dropped
+packets, held every post, claim and result of every process for the client's timeout (2 s
+each). And a server's listener waited for news on its connection for ever: one whose far end
+was gone (a Redis failed over or restarted while the network between was down, a NAT that
+forgot it) left the process deaf to the others' news until it restarted, its sockets getting
+other processes' posts only at their backstop.
+
+Redis is reached through a TCP proxy (``tcpproxy``) that can go dark: what either side sends
+is taken by the proxy's kernel and never passed on, and nothing is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+import redis
+
+from taskhoster import bus
+
+from .tcpproxy import TcpProxy
+from .test_processes import needs_shared
+from .wsclient import (
+    COMMITTER_PONG,
+    assert_nothing_before,
+    connect,
+    make_queue,
+    ping_committer,
+    post,
+    recv,
+    send,
+    subscribe,
+)
+
+# The machine's Redis (CI's and the development machine's) when the suite runs without one.
+REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+
+
+def _redis_answers() -> bool:
+    try:
+        return bool(redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping())
+    except redis.RedisError:
+        return False
+
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not _redis_answers(), reason=f"no Redis answers at {REDIS_URL}"),
+]
+
+# A post, and an item's whole turn (post, push to the worker, result, ack), on a loaded
+# machine with Redis dark; each waited 2 s or more for Redis before.
+POST_MOST_SECONDS = 1.0
+TURN_MOST_SECONDS = 1.5
+
+
+@pytest.fixture
+def redis_proxy() -> Iterator[TcpProxy]:
+    proxy = TcpProxy(urlsplit(REDIS_URL).port or 6379)
+    yield proxy
+    proxy.close()
+
+
+def through(proxy: TcpProxy) -> str:
+    """``REDIS_URL``, reached through ``proxy``."""
+    parts = urlsplit(REDIS_URL)
+    return parts._replace(netloc=f"{proxy.host}:{proxy.port}").geturl()
+
+
+def test_a_redis_that_hangs_holds_up_no_post_push_or_result(server_factory, redis_proxy, key):
+    server = server_factory(REDIS_URL=through(redis_proxy))
+    headers = {"Authorization": f"Token {key}"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:
+        make_queue(http)
+        post(http, "before")  # the server's connections to Redis are open
+
+        async def run() -> list[tuple[float, float]]:
+            ws = await connect(server, key)
+            try:
+                await subscribe(ws, ["q"], 1)
+                first = await recv(ws)
+                await send(ws, {"type": "result", "id": first["id"], "result": "ok"})
+                assert (await recv(ws))["accepted"] is True
+                redis_proxy.go_dark()
+                turns = []
+                for n in range(8):
+                    began = time.monotonic()
+                    item_id = await asyncio.to_thread(post, http, n)
+                    posted = time.monotonic() - began
+                    frame = await recv(ws, 10)
+                    assert (frame["type"], frame["id"]) == ("item", item_id)
+                    await send(ws, {"type": "result", "id": item_id, "result": "ok"})
+                    ack = await recv(ws, 10)
+                    assert (ack["type"], ack["accepted"]) == ("ack", True), ack
+                    turns.append((posted, time.monotonic() - began))
+                return turns
+            finally:
+                await ws.close()
+
+        turns = asyncio.run(run())
+    assert max(posted for posted, _ in turns) < POST_MOST_SECONDS, turns
+    assert max(turn for _, turn in turns) < TURN_MOST_SECONDS, turns
+
+
+@needs_shared
+def test_a_listener_whose_redis_went_dark_hears_the_other_processes_again(
+    server_factory, redis_proxy, key
+):
+    # A hears the bus through the proxy; its sockets learn of B's posts by news alone (the
+    # backstop re-check is two minutes away). B publishes to Redis directly.
+    a = server_factory(REDIS_URL=through(redis_proxy), TASKHOSTER_SOCKET_BACKSTOP_SECONDS="120")
+    b = server_factory(REDIS_URL=REDIS_URL)
+    headers = {"Authorization": f"Token {key}"}
+    # The old connection found dark (a PING unanswered), a new one made (a second later) and
+    # subscribed; a margin for a loaded machine.
+    found_within = bus.LISTENER_QUIET_SECONDS + bus.LISTENER_ANSWER_SECONDS + 6
+
+    with httpx.Client(base_url=b.url, headers=headers, timeout=30) as http:
+        make_queue(http)
+
+        async def first_item(ws: Any, timeout: float) -> tuple[str, float]:
+            """Post to B every 0.3 s until A's socket is pushed an item; its id, and when."""
+            began = time.monotonic()
+            while True:
+                await asyncio.to_thread(post, http, "from b")
+                try:
+                    frame = await recv(ws, 0.3)
+                except TimeoutError:
+                    assert time.monotonic() - began < timeout, (
+                        f"A's socket had no item {timeout:g} s after the posts to B began"
+                    )
+                    continue
+                assert frame["type"] == "item", frame
+                return frame["id"], time.monotonic() - began
+
+        async def run() -> float:
+            ws = await connect(a, key)
+            try:
+                await subscribe(ws, ["q"], 100)
+                await ping_committer(ws)
+                await assert_nothing_before(ws, COMMITTER_PONG)
+                _, took = await first_item(ws, 5)  # news flows from B to A
+                redis_proxy.go_dark()
+                await asyncio.sleep(0.5)
+                redis_proxy.light()  # Redis answers again, but not on A's old connection
+                _, took = await first_item(ws, found_within)
+                return took
+            finally:
+                await ws.close()
+
+        took = asyncio.run(run())
+    assert took < found_within
