@@ -51,8 +51,10 @@ MAX_DATAGRAM = 65536
 # How often a Redis listener on a state root without an identity yet looks for one.
 IDENTITY_RECHECK_SECONDS = 1.0
 MESSAGE_NEWS = 500  # news per message: a datagram stays well under MAX_DATAGRAM
-# Messages waiting for Redis (``_RedisPublisher``) at most; the oldest are dropped beyond.
-PENDING_MOST = 10_000
+# Messages waiting for Redis (``_RedisPublisher``), in bytes at most; the oldest are dropped
+# beyond. Sent SEND_MOST to a round trip.
+PENDING_MOST_BYTES = 8 << 20
+SEND_MOST = 500
 # After a failed send to Redis, the publisher waits this long before the next try.
 SEND_AGAIN_AFTER_SECONDS = 0.5
 # Lost messages are warned of at most this often.
@@ -150,19 +152,27 @@ class _RedisPublisher:
     """Publishes to Redis on a thread of its own: whoever announces news (a group's commit,
     a socket's end on daphne's event loop) hands it over and goes on at once. Redis that is
     slow, hung or away (an address that drops packets) used to hold each of them for the
-    client's timeout (2 s), every post of every process included. Messages waiting are sent
-    together, in one round trip; at most ``PENDING_MOST`` wait, the oldest dropped beyond
-    that (news is a hint: the sockets' backstop finds what it would have said)."""
+    client's timeouts and retries (2 s and more), every post of every process included.
+    Messages waiting are sent together, ``SEND_MOST`` to a round trip; at most
+    ``PENDING_MOST_BYTES`` of them wait, the oldest dropped beyond that (news is a hint: the
+    sockets' backstop finds what it would have said). A failed send is not made again (one
+    retry on a new connection, as after Redis's restart): its messages are dropped."""
 
     def __init__(self, url: str) -> None:
         import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
 
-        self.client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        self.client = redis.Redis.from_url(
+            url, socket_timeout=2, socket_connect_timeout=2, retry=Retry(NoBackoff(), 1)
+        )
         self._waiting: collections.deque[bytes] = collections.deque()
+        self._waiting_bytes = 0
         self._changed = threading.Condition()
         self._sending = False  # a batch taken from ``_waiting`` is being sent
         self._started = False
         self._lost = 0  # messages dropped or failed since the last warning
+        self._why = ""  # why the last of them were lost
         self._warned_at = -math.inf
 
     def ping(self) -> None:
@@ -171,15 +181,21 @@ class _RedisPublisher:
     def publish(self, data: bytes) -> None:
         with self._changed:
             if not self._started:
-                self._started = True
                 threading.Thread(
                     target=self._send_forever, name="taskhoster-news", daemon=True
                 ).start()
-            if len(self._waiting) >= PENDING_MOST:
-                self._waiting.popleft()
+                self._started = True
+            dropped = False
+            while self._waiting and self._waiting_bytes + len(data) > PENDING_MOST_BYTES:
+                self._waiting_bytes -= len(self._waiting.popleft())
                 self._lost += 1
+                self._why = "Redis did not take them: too many waiting"
+                dropped = True
             self._waiting.append(data)
+            self._waiting_bytes += len(data)
             self._changed.notify_all()
+        if dropped:
+            self._warn()
 
     def flush(self, timeout: float) -> bool:
         """Wait until every message handed over was sent (or given up), at most ``timeout``
@@ -201,8 +217,10 @@ class _RedisPublisher:
                 self._changed.notify_all()  # (``flush``)
                 while not self._waiting:
                     self._changed.wait()
-                batch = list(self._waiting)
-                self._waiting.clear()
+                batch: list[bytes] = []
+                while self._waiting and len(batch) < SEND_MOST:
+                    batch.append(self._waiting.popleft())
+                self._waiting_bytes -= sum(map(len, batch))
                 self._sending = True
             try:
                 channel = news_channel()
@@ -213,17 +231,16 @@ class _RedisPublisher:
             except Exception as exc:  # a lost hint; the backstop re-check catches up
                 with self._changed:
                     self._lost += len(batch)
-                self._warn(exc)
+                    self._why = str(exc) or type(exc).__name__
+                self._warn()
                 time.sleep(SEND_AGAIN_AFTER_SECONDS)  # what comes meanwhile goes in one try
-            else:
-                self._warn(None)
 
-    def _warn(self, exc: Exception | None) -> None:
+    def _warn(self) -> None:
         """Say what was lost: at once the first time, then at most every
         ``LOST_WARNING_SECONDS`` (Redis away fails every batch)."""
         now = time.monotonic()
         with self._changed:
-            lost = self._lost
+            lost, why = self._lost, self._why
             if not lost or now - self._warned_at < LOST_WARNING_SECONDS:
                 return
             self._lost, self._warned_at = 0, now
@@ -231,7 +248,7 @@ class _RedisPublisher:
             "could not publish news to Redis: %d message(s) lost (%s); other processes' "
             "sockets find what they said at their backstop re-check",
             lost,
-            exc if exc is not None else "too many waiting",
+            why,
         )
 
 
@@ -248,10 +265,14 @@ def _flush_at_exit() -> None:
 
 
 def _forget_publishers() -> None:
-    """In a forked child: its parent's publishers' threads are not there (new ones are made)."""
-    global _publishers_lock
+    """In a forked child: its parent's publishers' and listener's threads are not there (new
+    ones are made), and its news is its own (the parent would ignore it as its own)."""
+    global _publishers_lock, _background_lock, ORIGIN
     _publishers.clear()
     _publishers_lock = threading.Lock()
+    _background.clear()
+    _background_lock = threading.Lock()
+    ORIGIN = f"{os.getpid()}-{secrets.token_hex(4)}"
 
 
 atexit.register(_flush_at_exit)
@@ -399,10 +420,15 @@ class Listener:
 
     async def _listen_redis(self, url: str) -> None:
         import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
 
         while True:
             client = aioredis.Redis.from_url(
-                url, socket_timeout=LISTENER_ANSWER_SECONDS, socket_connect_timeout=2
+                url,
+                socket_timeout=LISTENER_ANSWER_SECONDS,
+                socket_connect_timeout=2,
+                retry=Retry(NoBackoff(), 1),  # (one new connection; then this loop's)
             )
             pubsub = client.pubsub()
             try:
@@ -435,7 +461,7 @@ class Listener:
             due = heard + LISTENER_QUIET_SECONDS + (LISTENER_ANSWER_SECONDS if pinged else 0)
             wait = due - loop.time()
             if channel == REDIS_CHANNEL:
-                wait = min(wait, IDENTITY_RECHECK_SECONDS)
+                wait = min(wait, looked + IDENTITY_RECHECK_SECONDS - loop.time())
             message = await pubsub.get_message(timeout=max(0.01, wait))
             now = loop.time()
             if message is not None:

@@ -44,10 +44,8 @@ def _redis_answers() -> bool:
         return False
 
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not _redis_answers(), reason=f"no Redis answers at {REDIS_URL}"),
-]
+needs_redis = pytest.mark.skipif(not _redis_answers(), reason=f"no Redis answers at {REDIS_URL}")
+pytestmark = [pytest.mark.slow, needs_redis]
 
 POST_ONE = textwrap.dedent(
     """
