@@ -52,9 +52,10 @@ MAX_DATAGRAM = 65536
 IDENTITY_RECHECK_SECONDS = 1.0
 MESSAGE_NEWS = 500  # news per message: a datagram stays well under MAX_DATAGRAM
 # Messages waiting for Redis (``_RedisPublisher``), in bytes at most; the oldest are dropped
-# beyond. Sent SEND_MOST to a round trip.
+# beyond. Sent SEND_MOST (or SEND_MOST_BYTES) to a round trip.
 PENDING_MOST_BYTES = 8 << 20
 SEND_MOST = 500
+SEND_MOST_BYTES = 1 << 20
 # After a failed send to Redis, the publisher waits this long before the next try.
 SEND_AGAIN_AFTER_SECONDS = 0.5
 # Lost messages are warned of at most this often.
@@ -152,20 +153,16 @@ class _RedisPublisher:
     """Publishes to Redis on a thread of its own: whoever announces news (a group's commit,
     a socket's end on daphne's event loop) hands it over and goes on at once. Redis that is
     slow, hung or away (an address that drops packets) used to hold each of them for the
-    client's timeouts and retries (2 s and more), every post of every process included.
-    Messages waiting are sent together, ``SEND_MOST`` to a round trip; at most
+    client's timeout (2 s), every post of every process included. Messages waiting are
+    sent together, ``SEND_MOST`` (or ``SEND_MOST_BYTES``) to a round trip; at most
     ``PENDING_MOST_BYTES`` of them wait, the oldest dropped beyond that (news is a hint: the
-    sockets' backstop finds what it would have said). A failed send is not made again (one
-    retry on a new connection, as after Redis's restart): its messages are dropped."""
+    sockets' backstop finds what it would have said). A failed send is not made again: its
+    messages are dropped (the next send makes a new connection)."""
 
     def __init__(self, url: str) -> None:
         import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
 
-        self.client = redis.Redis.from_url(
-            url, socket_timeout=2, socket_connect_timeout=2, retry=Retry(NoBackoff(), 1)
-        )
+        self.client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
         self._waiting: collections.deque[bytes] = collections.deque()
         self._waiting_bytes = 0
         self._changed = threading.Condition()
@@ -218,9 +215,11 @@ class _RedisPublisher:
                 while not self._waiting:
                     self._changed.wait()
                 batch: list[bytes] = []
-                while self._waiting and len(batch) < SEND_MOST:
+                size = 0
+                while self._waiting and len(batch) < SEND_MOST and size < SEND_MOST_BYTES:
                     batch.append(self._waiting.popleft())
-                self._waiting_bytes -= sum(map(len, batch))
+                    size += len(batch[-1])
+                self._waiting_bytes -= size
                 self._sending = True
             try:
                 channel = news_channel()
@@ -234,6 +233,8 @@ class _RedisPublisher:
                     self._why = str(exc) or type(exc).__name__
                 self._warn()
                 time.sleep(SEND_AGAIN_AFTER_SECONDS)  # what comes meanwhile goes in one try
+            else:
+                self._warn()  # what was lost since the last warning, if anything
 
     def _warn(self) -> None:
         """Say what was lost: at once the first time, then at most every
@@ -245,7 +246,7 @@ class _RedisPublisher:
                 return
             self._lost, self._warned_at = 0, now
         log.warning(
-            "could not publish news to Redis: %d message(s) lost (%s); other processes' "
+            "could not publish news to Redis: %d message(s) lost (the last: %s); other processes' "
             "sockets find what they said at their backstop re-check",
             lost,
             why,
@@ -420,15 +421,12 @@ class Listener:
 
     async def _listen_redis(self, url: str) -> None:
         import redis.asyncio as aioredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
 
         while True:
             client = aioredis.Redis.from_url(
                 url,
                 socket_timeout=LISTENER_ANSWER_SECONDS,
                 socket_connect_timeout=2,
-                retry=Retry(NoBackoff(), 1),  # (one new connection; then this loop's)
             )
             pubsub = client.pubsub()
             try:

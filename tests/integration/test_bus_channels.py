@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import textwrap
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import redis
 
 from taskhoster import bus, identity
 
+from .redishere import REDIS_URL, needs_redis
 from .wsclient import (
     COMMITTER_PONG,
     assert_nothing_before,
@@ -33,18 +33,6 @@ from .wsclient import (
     subscribe,
 )
 
-# The machine's Redis (CI's and the development machine's) when the suite runs without one.
-REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
-
-
-def _redis_answers() -> bool:
-    try:
-        return bool(redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping())
-    except redis.RedisError:
-        return False
-
-
-needs_redis = pytest.mark.skipif(not _redis_answers(), reason=f"no Redis answers at {REDIS_URL}")
 pytestmark = [pytest.mark.slow, needs_redis]
 
 POST_ONE = textwrap.dedent(

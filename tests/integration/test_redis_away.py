@@ -28,8 +28,8 @@ import pytest
 
 from taskhoster import bus
 
+from .redishere import REDIS_URL, needs_redis
 from .tcpproxy import TcpProxy
-from .test_bus_channels import REDIS_URL, needs_redis
 from .test_processes import needs_shared
 from .wsclient import (
     COMMITTER_PONG,
