@@ -69,6 +69,10 @@ LISTENER_ANSWER_SECONDS = 5.0
 
 News = tuple[str, str, str]
 Handler = Callable[[Sequence[News]], None]
+# Handed to the handler by a listener whose subscription Redis has just confirmed (the first,
+# one made again after a lost connection, one moved to the installation's channel): news
+# published before may not have been heard, so whoever waits on news looks again now.
+LOOK_AGAIN = "look-again"
 
 
 def _encode(news: Sequence[News]) -> list[bytes]:
@@ -387,6 +391,8 @@ class Listener:
         self.sock: socket.socket | None = None
         self.registration: Path | None = None
         self.task: asyncio.Task[None] | None = None
+        self.away_since: float | None = None  # (time.monotonic) the connection was lost
+        self.warned_at = -math.inf
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         conf = get_conf()
@@ -420,6 +426,9 @@ class Listener:
                 self.handler(news)
 
     async def _listen_redis(self, url: str) -> None:
+        """Hear Redis for ever: a lost connection is made again a second later. Its loss is
+        warned of at once, then (Redis still away) at most every ``LOST_WARNING_SECONDS``;
+        its return is logged once."""
         import redis.asyncio as aioredis
 
         while True:
@@ -434,12 +443,25 @@ class Listener:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("news from Redis interrupted (%s); reconnecting", exc)
+                self._lost(exc)
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
                     await client.aclose()
             await asyncio.sleep(1)
+
+    def _lost(self, exc: Exception) -> None:
+        now = time.monotonic()
+        if self.away_since is None:
+            self.away_since = self.warned_at = now
+            log.warning("news from Redis interrupted (%s); connecting again", exc)
+        elif now - self.warned_at >= LOST_WARNING_SECONDS:
+            self.warned_at = now
+            log.warning(
+                "news from Redis still interrupted after %.0f s (%s); connecting again",
+                now - self.away_since,
+                exc,
+            )
 
     async def _hear_redis(self, pubsub: Any) -> None:
         """Hear the installation's channel until the connection fails, or goes quiet: after
@@ -448,7 +470,8 @@ class Listener:
         Without that, a connection whose far end was lost without a word (a Redis failed
         over or restarted while the network between was down, a NAT that forgot it) was
         listened to for ever: this process heard no other's news again, its sockets got
-        other processes' posts only at their backstop."""
+        other processes' posts only at their backstop. Each subscription Redis confirms is
+        handed on as ``LOOK_AGAIN``: what was said before it may not have been heard."""
         loop = asyncio.get_running_loop()
         channel = news_channel()
         await pubsub.subscribe(channel)
@@ -466,6 +489,17 @@ class Listener:
                 heard, pinged = now, False  # (a subscription's answer or a PONG, too)
                 if message.get("type") == "message":
                     self._heard_redis(message)
+                elif message.get("type") == "subscribe":
+                    # What was published while this process was not subscribed (Redis
+                    # restarting, this connection being made again) was not heard; without
+                    # this, its sockets found it only at their backstop re-check.
+                    if self.away_since is not None:
+                        log.warning(
+                            "news from Redis heard again, after %.1f s",
+                            time.monotonic() - self.away_since,
+                        )
+                        self.away_since = None
+                    self.handler([(LOOK_AGAIN, "", "")])
             elif pinged and now - heard >= LISTENER_QUIET_SECONDS + LISTENER_ANSWER_SECONDS:
                 raise ConnectionError(
                     f"Redis did not answer a PING within {LISTENER_ANSWER_SECONDS:g} s"

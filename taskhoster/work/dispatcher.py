@@ -17,7 +17,9 @@ queues that have a socket with a free slot, which says which of them have a due 
 that query and nothing else: no claim is made for a queue with nothing to take, so a
 thousand idle queues cost one indexed lookup each per backstop, not a claim each. The
 backstop also looks at what the sockets hold (``_recheck_holds``): an item removed while its
-news was lost is cancelled on its socket there.
+news was lost is cancelled on its socket there. When the process's bus listener knows it may
+have missed news (its subscription confirmed again after Redis was away: ``bus.LOOK_AGAIN``),
+the same re-check runs at once.
 
 Sockets are kept per queue (``serving``), so news for one queue looks at that queue's
 sockets only, however many queues and sockets the process serves.
@@ -113,6 +115,8 @@ class Dispatcher:
         self.timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
         self.retrying: dict[str, asyncio.TimerHandle] = {}  # a failed claim's look again
         self.backstop: asyncio.Task[None] | None = None
+        self.looking: asyncio.Task[None] | None = None  # a re-check for missed news
+        self.look_again_after = False
         self.reporter: asyncio.Task[None] | None = None
         self.tick = 0.0
         self.publisher = registry.Publisher()
@@ -143,6 +147,10 @@ class Dispatcher:
     def _one_piece(self, kind: str, queue: str, item_id: str, seen: int | None = None) -> None:
         if kind in ("claimable", events.POSTING):
             self.wake(queue, seen=seen)
+        elif kind == bus.LOOK_AGAIN:
+            # This process's bus listener was not subscribed for a while (Redis restarted,
+            # its connection was made again): look now for what the news it missed said.
+            self._look_again()
         elif kind == engine.OPENS:
             # ``item_id`` carries when the queue's rate window opens: look again then.
             self._timer_for(queue, parse_wire(item_id))
@@ -436,6 +444,26 @@ class Dispatcher:
             except Exception as exc:
                 log.warning("the socket backstop could not look for work: %s", exc)
 
+    def _look_again(self) -> None:
+        """A backstop's re-check now, beside the backstop's own (one at a time: asked again
+        while one runs, it runs once more after)."""
+        if self.looking is not None:
+            self.look_again_after = True
+            return
+
+        async def look() -> None:
+            try:
+                await self.recheck()
+            except Exception as exc:
+                log.warning("could not look for work after news was missed: %s", exc)
+            finally:
+                self.looking = None
+                if self.look_again_after:
+                    self.look_again_after = False
+                    self._look_again()
+
+        self.looking = self.loop.create_task(look())
+
     async def recheck(self) -> None:
         """Look again, in one query, at every queue a socket has a free slot for: claim for
         those with a due item, arm a timer for the others' next delayed item. And, in one
@@ -550,6 +578,8 @@ class Dispatcher:
             self.reporter.cancel()
         if self.backstop is not None:
             self.backstop.cancel()
+        if self.looking is not None:
+            self.looking.cancel()
         for _at, handle in self.timers.values():
             handle.cancel()
 

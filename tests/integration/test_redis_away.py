@@ -8,7 +8,10 @@ packets, held every post, claim and result of every process for the client's tim
 each). And a server's listener waited for news on its connection for ever: one whose far end
 was gone (a Redis failed over or restarted while the network between was down, a NAT that
 forgot it) left the process deaf to the others' news until it restarted, its sockets getting
-other processes' posts only at their backstop.
+other processes' posts only at their backstop. And what was said while a listener was away
+(Redis restarting) was never heard: its sockets found it only at their backstop, even once
+the listener was back; now a listener's every subscription, once Redis confirms it, has
+its process look again at once for what it may have missed.
 
 Redis is reached through a TCP proxy (``tcpproxy``) that can go dark: what either side sends
 is taken by the proxy's kernel and never passed on, and nothing is closed.
@@ -17,6 +20,7 @@ is taken by the proxy's kernel and never passed on, and nothing is closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
 from collections.abc import Iterator
@@ -147,3 +151,67 @@ def test_a_listener_whose_redis_went_dark_hears_the_other_processes_again(
 
         took = asyncio.run(run())
     assert took < found_within
+
+
+@needs_shared
+def test_an_item_posted_while_redis_restarted_reaches_a_waiting_worker_once_redis_is_back(
+    server_factory, redis_proxy, key
+):
+    # Both servers reach Redis through the proxy; a "restart" cuts every connection and
+    # refuses new ones for a while. A's sockets learn of B's posts by news alone (the backstop
+    # re-check is two minutes away). The post made while Redis is away is answered (Redis is
+    # never in the way of the work) and its news is lost: A's socket must have it once A's
+    # listener is subscribed again, not at the backstop.
+    a = server_factory(REDIS_URL=through(redis_proxy), TASKHOSTER_SOCKET_BACKSTOP_SECONDS="120")
+    b = server_factory(REDIS_URL=through(redis_proxy))
+    headers = {"Authorization": f"Token {key}"}
+    away_seconds = 2.0
+    # The listener tries again every second; a margin for a loaded machine.
+    back_within = 8.0
+
+    with httpx.Client(base_url=b.url, headers=headers, timeout=30) as http:
+        make_queue(http)
+
+        async def item(ws: Any, item_id: str, deadline: float) -> None:
+            """Wait until ``ws`` is pushed ``item_id`` (passing over the posts before it)."""
+            while True:
+                frame = await recv(ws, max(0.01, deadline - time.monotonic()))
+                assert frame["type"] == "item", frame
+                if frame["id"] == item_id:
+                    return
+
+        async def run() -> tuple[float, float]:
+            ws = await connect(a, key)
+            try:
+                await subscribe(ws, ["q"], 100)
+                await ping_committer(ws)
+                await assert_nothing_before(ws, COMMITTER_PONG)
+                # News flows from B to A: post until A's socket is pushed one.
+                began = time.monotonic()
+                while True:
+                    await asyncio.to_thread(post, http, "before")
+                    with contextlib.suppress(TimeoutError):
+                        frame = await recv(ws, 0.3)
+                        assert frame["type"] == "item", frame
+                        break
+                    assert time.monotonic() - began < 10, "no news from B to A before the restart"
+                redis_proxy.refuse = True  # Redis restarts: every connection cut, none taken
+                redis_proxy.drop_all()
+                began = time.monotonic()
+                during = await asyncio.to_thread(post, http, "during")
+                posted = time.monotonic() - began
+                await asyncio.sleep(away_seconds)
+                redis_proxy.refuse = False
+                back = time.monotonic()
+                await item(ws, during, back + back_within)
+                took = time.monotonic() - back
+                # B's publisher is back too: its next post's news reaches A's socket at once.
+                after = await asyncio.to_thread(post, http, "after")
+                await item(ws, after, time.monotonic() + 5)
+                return posted, took
+            finally:
+                await ws.close()
+
+        posted, took = asyncio.run(run())
+    assert posted < POST_MEDIAN_MOST_SECONDS, posted
+    assert took < back_within, took

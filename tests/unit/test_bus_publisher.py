@@ -1,15 +1,18 @@
 """The Redis publisher hands news to a thread of its own: a publish never waits for Redis,
-what waits is bounded, and what Redis takes arrives whole and in order."""
+what waits is bounded, and what Redis takes arrives whole and in order. A listener connected
+again has its process look for what it missed."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -17,6 +20,7 @@ import redis
 from taskhoster import bus
 
 from ..integration.redishere import REDIS_URL, needs_redis
+from ..integration.tcpproxy import TcpProxy
 
 
 @pytest.fixture
@@ -100,3 +104,57 @@ def test_what_redis_takes_arrives_whole_and_in_order(settings, tmp_path):
             heard.append(message["data"])
     listener.close()
     assert heard == sent
+
+
+@needs_redis
+def test_a_listener_connected_again_says_to_look_again_and_warns_once_while_redis_is_away(
+    settings, tmp_path, caplog
+):
+    # News published while a listener is not subscribed is not heard: each subscription Redis
+    # confirms is handed on as LOOK_AGAIN, so that the process looks for what it missed. A
+    # Redis away for several of the listener's tries (one a second) is warned of once.
+    settings.TASKHOSTER = {**settings.TASKHOSTER, "ROOT": str(tmp_path)}
+    proxy = TcpProxy(urlsplit(REDIS_URL).port or 6379)
+    heard: list[list[bus.News]] = []
+    got = threading.Condition()
+
+    def handler(news: Sequence[bus.News]) -> None:
+        with got:
+            heard.append(list(news))
+            got.notify_all()
+
+    def looks() -> int:
+        return sum(piece[0] == bus.LOOK_AGAIN for news in heard for piece in news)
+
+    def wait_for_looks(n: int) -> None:
+        with got:
+            assert got.wait_for(lambda: looks() >= n, timeout=10), heard
+
+    url = urlsplit(REDIS_URL)._replace(netloc=f"{proxy.host}:{proxy.port}").geturl()
+    loop = asyncio.new_event_loop()
+    listener = bus.Listener(handler)
+    task = loop.create_task(listener._listen_redis(url))
+
+    def run() -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # (the test's end)
+            loop.run_until_complete(task)
+
+    running = threading.Thread(target=run, daemon=True)
+    try:
+        with caplog.at_level(logging.INFO, logger="taskhoster.bus"):
+            running.start()
+            wait_for_looks(1)  # the first subscription
+            proxy.refuse = True  # Redis restarts
+            proxy.drop_all()
+            time.sleep(3.5)  # the listener tries every second meanwhile
+            assert looks() == 1
+            proxy.refuse = False
+            wait_for_looks(2)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert sum("interrupted" in w for w in warnings) == 1, warnings
+        assert sum("heard again" in w for w in warnings) == 1, warnings
+    finally:
+        loop.call_soon_threadsafe(task.cancel)
+        running.join(5)
+        loop.close()
+        proxy.close()
