@@ -11,20 +11,30 @@ from typing import Any
 from django.db import migrations
 
 
-def _like_index(schema_editor: Any) -> str:
-    return str(schema_editor._create_index_name("taskhoster_item", ["id"], suffix="_like"))
+# The name Django gave the index (``_create_index_name("taskhoster_item", ["id"],
+# suffix="_like")``, a private method, so not called here): made again under it.
+LIKE_INDEX = "taskhoster_item_id_59c89d8d_like"
 
 
 def drop(apps: Any, schema_editor: Any) -> None:
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(
-            f"DROP INDEX IF EXISTS {schema_editor.quote_name(_like_index(schema_editor))}"
+    """Drop every ``varchar_pattern_ops`` index of the item table, found by what it is,
+    whatever its name."""
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
+            " AND tablename = 'taskhoster_item' AND indexdef LIKE %s",
+            ["%varchar_pattern_ops%"],
         )
+        names = [row[0] for row in cursor.fetchall()]
+    for name in names:
+        schema_editor.execute(f"DROP INDEX IF EXISTS {schema_editor.quote_name(name)}")
 
 
 def make_again(apps: Any, schema_editor: Any) -> None:
     if schema_editor.connection.vendor == "postgresql":
-        name = schema_editor.quote_name(_like_index(schema_editor))
+        name = schema_editor.quote_name(LIKE_INDEX)
         schema_editor.execute(
             f"CREATE INDEX IF NOT EXISTS {name} ON taskhoster_item (id varchar_pattern_ops)"
         )

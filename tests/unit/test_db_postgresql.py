@@ -112,3 +112,30 @@ def test_an_attempt_refused_for_want_of_room_or_older_than_a_success_changes_not
     assert reach.away() is not None
     reach.succeeded(7.0)
     assert reach.away() is None
+
+
+def _pattern_indexes() -> list[str]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
+            " AND tablename = 'taskhoster_item' AND indexdef LIKE %s",
+            ["%varchar_pattern_ops%"],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_item_id_has_no_pattern_index_and_migrating_back_makes_it_again() -> None:
+    # Every item row written paid for an index entry nothing reads (migration 0008).
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    assert _pattern_indexes() == []
+    try:
+        MigrationExecutor(connection).migrate([("taskhoster", "0007_schedules")])
+        assert _pattern_indexes() == ["taskhoster_item_id_59c89d8d_like"]
+    finally:
+        MigrationExecutor(connection).migrate([("taskhoster", "0008_no_pattern_index_on_item_ids")])
+    assert _pattern_indexes() == []
