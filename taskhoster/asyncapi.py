@@ -189,9 +189,9 @@ ERROR_FRAME = Body(
             min_length=1,
             description="What went wrong, e.g. unauthorized, forbidden, bad_json, unknown_type, "
             "unknown_field, missing_field, invalid_capacity, invalid_lease, queue_not_found, "
-            "item_not_found, too_large, unavailable (the database did not answer: nothing was "
-            "done; send the frame again, or, in answer to a connect or a subscribe, connect "
-            "again later), internal.",
+            "item_not_found, too_large, unavailable (the database did not answer, or the "
+            "state root took no write: nothing was done; send the frame again, or, in answer "
+            "to a connect or a subscribe, connect again later), internal.",
         ),
         Field("message", "string", required=True, description="For people."),
         dataclasses.replace(contract.ITEM_ID, required=False, description="The frame's item."),

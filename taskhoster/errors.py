@@ -115,6 +115,13 @@ class StoreError(TaskhosterError):
     http_status = 503
 
 
+class StoreWriteFailed(StoreError):
+    """The state root did not take a group's write or its flush (full, read-only, an I/O
+    error). Its operations changed nothing (the group undid its files and rolled back), or,
+    its flush failing after its commit, may have: made again, an operation is taken once,
+    as after ``OutcomeUnknown``. A socket's frame hears ``unavailable`` (send it again)."""
+
+
 class OutcomeUnknown(StoreError):
     """The database connection was lost during the commit and the database could not be
     asked, in time, whether it committed: nothing is acknowledged, the state directories are

@@ -43,6 +43,7 @@ from typing import Any
 
 from . import patterns
 from .errors import StoreError as StoreError  # re-exported: engine.removal, engine.repair
+from .errors import StoreWriteFailed
 from .faults import crash_point
 from .ids import ID_PATTERN
 from .status import State
@@ -195,9 +196,16 @@ class Syscalls:
     tests/integration/test_power_cut.py)."""
 
     def create(self, path: str, data: bytes) -> None:
+        """A new file holding ``data``, or none: a write that fails (a full disk) takes the
+        file it made away again, as ``append`` cuts back what it added. Left, it was a file
+        without a row (no undo was recorded for a create that raised)."""
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
         try:
             self._write_all(fd, data)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
         finally:
             os.close(fd)
 
@@ -250,6 +258,14 @@ class Syscalls:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
+
+
+def why(exc: OSError) -> str:
+    """What an ``OSError`` says, without the paths it names: an error's message reaches API
+    clients, who have no business with where the state root is."""
+    if exc.strerror:
+        return f"{exc.strerror} (errno {exc.errno})" if exc.errno else exc.strerror
+    return type(exc).__name__
 
 
 @dataclass(frozen=True)
@@ -365,13 +381,13 @@ class StateStore:
         except FileNotFoundError:
             raise FileMissing(f"item file {name} is missing") from None
         except OSError as exc:
-            raise StoreError(f"could not read item file {name}: {exc}") from exc
+            raise StoreError(f"could not read item file {name}: {why(exc)}") from exc
         try:
             chunks = [os.read(fd, 1 << 16)]
             while len(chunks[-1]) == 1 << 16:
                 chunks.append(os.read(fd, 1 << 20))
         except OSError as exc:
-            raise StoreError(f"could not read item file {name}: {exc}") from exc
+            raise StoreError(f"could not read item file {name}: {why(exc)}") from exc
         finally:
             os.close(fd)
         return b"".join(chunks)
@@ -404,7 +420,7 @@ class StateStore:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise StoreError(f"could not remove queue directory: {exc}") from exc
+            raise StoreError(f"could not remove queue directory: {why(exc)}") from exc
         if self.fsync:
             self.sys.fsync(str(self.root))
         return target
@@ -457,7 +473,7 @@ class StateStore:
             except FileNotFoundError:
                 continue
             except OSError as exc:
-                raise StoreError(f"could not remove item file: {exc}") from exc
+                raise StoreWriteFailed(f"could not remove item file: {why(exc)}") from exc
         return False
 
     def unlink_item(self, queue: str, item_id: str, first: State) -> str | None:
@@ -471,7 +487,7 @@ class StateStore:
             except FileNotFoundError:
                 continue
             except OSError as exc:
-                raise StoreError(f"could not remove item file: {exc}") from exc
+                raise StoreWriteFailed(f"could not remove item file: {why(exc)}") from exc
             return os.path.dirname(path)
         return None
 
@@ -635,7 +651,7 @@ class StateStore:
                     self.sys.fsync(directory)
                 crash_point("barrier.after_directory")
         except OSError as exc:
-            raise StoreError(f"could not flush item files: {exc}") from exc
+            raise StoreWriteFailed(f"could not flush item files: {why(exc)}") from exc
 
     def _fsync_file(self, path: str, moved_to: set[str]) -> None:
         """Flush a written file's data, wherever it is now. Between a group's commit and its
@@ -782,7 +798,7 @@ class FileBatch:
                 self.undo.append(("rename", aside, target, item_id))
                 self.store.sys.create(target, line)
         except OSError as exc:
-            raise StoreError(f"could not write item file: {exc}") from exc
+            raise StoreWriteFailed(f"could not write item file: {why(exc)}") from exc
         self.undo.append(("create", target, None, item_id))
         self.written.add(target)
         self.directories.add(os.path.dirname(target))
@@ -806,7 +822,7 @@ class FileBatch:
                     return False
                 src = found
             except OSError as exc:
-                raise StoreError(f"could not change item file: {exc}") from exc
+                raise StoreWriteFailed(f"could not change item file: {why(exc)}") from exc
         return False
 
     def take(self, queue: str, item_id: str, src: State, dst: State) -> bool:
@@ -820,7 +836,7 @@ class FileBatch:
         except FileNotFoundError:
             return False
         except OSError as exc:
-            raise StoreError(f"could not change item file: {exc}") from exc
+            raise StoreWriteFailed(f"could not change item file: {why(exc)}") from exc
         return True
 
     def _change(self, item_id: str, path: str, target: str, patch: Record | None) -> None:
@@ -877,7 +893,9 @@ class FileBatch:
                 self.store.make_dirs([trash])
                 self.store.sys.create(target, lines.encode())
         except OSError as exc:
-            raise StoreError(f"could not write the list of files to remove: {exc}") from exc
+            raise StoreWriteFailed(
+                f"could not write the list of files to remove: {why(exc)}"
+            ) from exc
         self.undo.append(("create", target, None, None))
         self.written.add(target)
         self.directories.add(str(trash))
@@ -939,9 +957,14 @@ def _write_queue_file(store: StateStore, queue: str, name: str, value: Any) -> N
     stem = name.removesuffix(".json")
     tmp = str(path.with_name(f".{stem}.{secrets.token_hex(4)}{TMP_SUFFIX}"))
     store.sys.create(tmp, json.dumps(value, sort_keys=True).encode())
-    if store.fsync:
-        store.sys.fsync(tmp)
-    store.sys.rename(tmp, str(path))
+    try:
+        if store.fsync:
+            store.sys.fsync(tmp)
+        store.sys.rename(tmp, str(path))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            store.sys.unlink(tmp)
+        raise
     if store.fsync:
         store.sys.fsync(str(path.parent))
 

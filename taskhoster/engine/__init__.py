@@ -20,7 +20,7 @@ from .committer import (
 from .committer import start as start_committer
 from .flow import Held, held_by_queue, held_for, next_due
 from .flow import put_queue as upsert_queue
-from .giveback import DATABASE_AWAY
+from .giveback import RETRYABLE
 from .giveback import later as make_again_later
 from .ops import (
     Cancel,
@@ -111,12 +111,12 @@ from .wire import item_json, new_items
 
 __all__ = [
     "CANCELLED",
-    "DATABASE_AWAY",
     "LEASE_EXPIRED",
     "MAX_LIMIT",
     "OPENS",
     "QUEUE_DELETED",
     "QUEUE_SETTINGS",
+    "RETRYABLE",
     "TIMEOUT",
     "WIRE_TO_FIELD",
     "WORKER_DISCONNECTED",

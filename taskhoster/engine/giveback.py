@@ -47,7 +47,7 @@ from typing import Any
 from django.db import Error as DbError
 from django.db import InterfaceError, OperationalError, connection
 
-from ..errors import OutcomeUnknown
+from ..errors import OutcomeUnknown, StoreWriteFailed
 from ..osthread import name_os_thread
 from . import admission
 from . import rows as sql
@@ -59,10 +59,10 @@ log = logging.getLogger(__name__)
 # RETRY_MOST_SECONDS, until the database answers.
 RETRY_SECONDS = 1.0
 RETRY_MOST_SECONDS = 5.0
-# What an operation meets while the database is away: its errors, and a commit whose outcome
-# it could not be asked for. It changed nothing, or may have: made again (with its lease), it
-# is taken once.
-DATABASE_AWAY = (OperationalError, InterfaceError, OutcomeUnknown)
+# What an operation meets while the database is away (its errors, and a commit whose outcome
+# it could not be asked for) or while the state root takes no write (full, read-only). It
+# changed nothing, or may have: made again (with its lease), it is taken once.
+RETRYABLE = (OperationalError, InterfaceError, OutcomeUnknown, StoreWriteFailed)
 # A session ended (``sql.end_session_of``) is asked after again every ENDED_ASK_EVERY
 # seconds, ENDED_ASKS times, before the next round.
 ENDED_ASK_EVERY = 0.1
@@ -237,7 +237,7 @@ def _make(batch: dict[str, Again]) -> set[str]:
         what = type(batch[item_id]).__name__.lower()
         try:
             verdict = future.result()
-        except DATABASE_AWAY:
+        except RETRYABLE:
             away.add(item_id)
         except Exception as exc:
             log.error("could not %s %s (made again after an outage): %s", what, item_id, exc)

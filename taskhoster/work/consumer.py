@@ -57,7 +57,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from .. import contract, engine
 from ..conf import get_conf
-from ..errors import InvalidInput, ItemNotFound, TaskhosterError, TooLarge
+from ..errors import InvalidInput, ItemNotFound, StoreWriteFailed, TaskhosterError, TooLarge
 from ..faults import fault, raise_if_armed
 from ..ids import is_valid_id
 from ..keys import Principal, authenticate, parse_authorization
@@ -82,7 +82,8 @@ CLOSE_FORBIDDEN = 4403
 CLOSE_ABUSE = 4429
 ABUSE_WINDOW_SECONDS = 10.0
 ABUSE_ERRORS = 100
-# A frame's error while the database is away (``engine.DATABASE_AWAY``; not counted above):
+# A frame's error while the database is away or the state root takes no write
+# (``engine.RETRYABLE``; not counted above):
 # sent again, a verdict that did commit is refused harmlessly, one that did not is taken.
 UNAVAILABLE = "unavailable"
 # An answer's key (not sent) naming the code to close the socket with once it is sent.
@@ -267,7 +268,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
         secret = parse_authorization(_header(self.scope, b"authorization"))
         try:
             principal = await run_sync(authenticate, secret) if secret else None
-        except engine.DATABASE_AWAY as exc:
+        except engine.RETRYABLE as exc:
             await self.accept()
             log.warning(
                 "a /work socket's key could not be judged: the database did not answer: %s", exc
@@ -342,7 +343,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
                 await self._on_subscribe(message)
                 return
             answer: Answer = getattr(self, f"_on_{kind}")(message)
-        except engine.DATABASE_AWAY as exc:  # (before TaskhosterError: OutcomeUnknown is one)
+        except engine.RETRYABLE as exc:  # (before TaskhosterError: OutcomeUnknown is one)
             answer = _now(self._unavailable(message, exc))
         except TaskhosterError as exc:
             answer = _now(self._error_frame(exc, message.get("id")))
@@ -354,7 +355,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
         """A frame's answer; an error takes the ack's place (naming the item when it can)."""
         try:
             return await answer
-        except engine.DATABASE_AWAY as exc:  # (before TaskhosterError: OutcomeUnknown is one)
+        except engine.RETRYABLE as exc:  # (before TaskhosterError: OutcomeUnknown is one)
             return self._unavailable(message, exc)
         except TaskhosterError as exc:
             return self._error_frame(exc, message.get("id"))
@@ -365,18 +366,19 @@ class WorkConsumer(AsyncWebsocketConsumer):
         return error_frame(exc.code, exc.message, item_id)
 
     def _unavailable(self, message: dict[str, Any], exc: Exception) -> dict[str, Any]:
-        """The database did not answer (a restart, an outage): the frame changed nothing,
-        the socket stays open, and the worker sends the frame again later (as a REST call
-        gets 503 ``unavailable``)."""
+        """The database did not answer (a restart, an outage), or the state root took no
+        write (full, read-only): the frame changed nothing, the socket stays open, and the
+        worker sends the frame again later (as a REST call gets 503 ``unavailable`` or
+        ``store_error``)."""
+        what = (
+            "the state root could not be written"
+            if isinstance(exc, StoreWriteFailed)
+            else "the database did not answer"
+        )
         log.warning(
-            "socket frame %r for item %s: the database did not answer: %s",
-            message.get("type"),
-            message.get("id"),
-            exc,
+            "socket frame %r for item %s: %s: %s", message.get("type"), message.get("id"), what, exc
         )
-        return error_frame(
-            UNAVAILABLE, "the database did not answer; send this frame again", message.get("id")
-        )
+        return error_frame(UNAVAILABLE, f"{what}; send this frame again", message.get("id"))
 
     def _failed(self, message: dict[str, Any]) -> dict[str, Any]:
         """An unexpected exception while handling a frame: log it with the item, and answer
@@ -445,7 +447,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
     async def _on_subscribe(self, message: dict[str, Any]) -> None:
         try:
             await self._subscribe(message)
-        except engine.DATABASE_AWAY as exc:
+        except engine.RETRYABLE as exc:
             # Nothing to wait on: a subscription whose queues are unknown takes nothing. The
             # socket is closed once this is sent (4503); the worker connects again later.
             frame = self._unavailable(message, exc)
@@ -542,7 +544,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
             for entry, answer in zip(entries, answers, strict=True):
                 try:
                     ack = await answer
-                except engine.DATABASE_AWAY as exc:  # (first: OutcomeUnknown is a TaskhosterError)
+                except engine.RETRYABLE as exc:  # (first: OutcomeUnknown is a TaskhosterError)
                     # This entry's group met the database away; the others' may have
                     # committed: each says its own.
                     error = self._unavailable({"type": "result", "id": entry["id"]}, exc)
@@ -583,7 +585,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
         it again, and should the socket close first, the item is re-queued with it."""
         try:
             answer = await verdict
-        except engine.DATABASE_AWAY:
+        except engine.RETRYABLE:
             if given_up is not None:
                 self.held.setdefault(item_id, given_up)
             raise
@@ -624,7 +626,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
     ) -> dict[str, Any]:
         try:
             answer = await verdict
-        except engine.DATABASE_AWAY:
+        except engine.RETRYABLE:
             # Nothing was done (the database away): the attempt is still this socket's, for
             # the worker's fail sent again ("unavailable"), which finds it held.
             self.held.setdefault(item_id, holding)

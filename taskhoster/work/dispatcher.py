@@ -42,7 +42,7 @@ from django.db import DatabaseError, close_old_connections
 
 from .. import bus, engine, events, metrics
 from ..conf import get_conf
-from ..errors import QueueNotFound
+from ..errors import QueueNotFound, StoreWriteFailed
 from ..faults import fault
 from ..keys import KEY_REVOKED, live_key_ids
 from ..osthread import name_os_thread
@@ -307,7 +307,7 @@ class Dispatcher:
                 claimed = []
             except Exception as exc:
                 failed = True
-                if isinstance(exc, DatabaseError):
+                if isinstance(exc, DatabaseError | StoreWriteFailed):
                     log.warning("claim for queue %s failed (%s); again soon", queue, exc)
                 else:
                     log.exception("claim for queue %s failed", queue)
@@ -387,7 +387,7 @@ class Dispatcher:
         )
         away = []
         for op, answer in zip(ops, answers, strict=True):
-            if isinstance(answer, engine.DATABASE_AWAY):
+            if isinstance(answer, engine.RETRYABLE):
                 log.warning("could not re-queue %s after its socket closed: %s", op.item_id, answer)
                 away.append(op)
             elif isinstance(answer, BaseException):

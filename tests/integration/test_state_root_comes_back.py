@@ -1,0 +1,224 @@
+"""A state root that fills up, or turns read-only, under a running server: changes answer
+503 ``store_error`` and nothing acknowledged is lost; once room (or writes) come back, the
+same server serves again without a restart: new posts land, and a worker takes every item,
+those acknowledged before the fault and those posted after, and the index still says what
+the directories say.
+
+The state root is a real filesystem of its own (a small tmpfs, mounted here): it is made
+bigger (``remount,size=``) or read-only and writable again (``remount,ro`` / ``rw``), as an
+operator's fix or a disk's error would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ..conftest import Server
+from .consistency import assert_index_matches_directories
+from .test_overload import small_filesystem, wait_for
+from .wsclient import connect, recv, send, subscribe
+
+pytestmark = pytest.mark.slow
+
+PAD = "x" * 20000  # a post's payload: a 2 MiB filesystem holds some ninety
+
+
+def remount(path: Path, options: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{options}", str(path)], check=True)
+
+
+def post_until_refused(http: httpx.Client, most: int) -> tuple[list[str], httpx.Response]:
+    """Post until a post is refused; the ids acknowledged, and the refusal."""
+    posted = []
+    for n in range(most):
+        answer = http.post("/api/queues/q/items", json={"payload": {"n": n, "pad": PAD}})
+        if answer.status_code != 201:
+            return posted, answer
+        posted.append(answer.json()["id"])
+    raise AssertionError(f"{most} posts were all taken")
+
+
+def ready(http: httpx.Client) -> bool:
+    return http.get("/healthz").status_code == 200
+
+
+def take_all(server: Server, key: str, ids: set[str]) -> None:
+    """A socket worker takes every item of ``ids`` and finishes it."""
+
+    async def run() -> None:
+        ws = await connect(server, key)
+        try:
+            await subscribe(ws, ["q"], 16)
+            left = set(ids)
+            while left:
+                frame = await recv(ws, 15)
+                if frame["type"] == "ack":
+                    assert frame["accepted"] is True, frame
+                    continue
+                assert frame["type"] == "item", frame
+                assert frame["id"] in left, frame
+                left.discard(frame["id"])
+                await send(ws, {"type": "result", "id": frame["id"], "result": "ok"})
+        finally:
+            await ws.close()
+
+    asyncio.run(run())
+
+
+def finished(http: httpx.Client, ids: set[str]) -> bool:
+    return all(http.get(f"/api/items/{i}").json()["status"] == "finished" for i in ids)
+
+
+@pytest.fixture
+def small_root(tmp_path: Path) -> Any:
+    with small_filesystem(tmp_path / "small", "2m") as root:
+        yield root
+
+
+def serve(root: Path) -> Server:
+    return Server(root, TASKHOSTER_MIN_FREE_BYTES="0", TASKHOSTER_MIN_FREE_INODES="0").start()
+
+
+def test_a_server_whose_full_state_root_is_given_room_serves_again_and_loses_nothing(
+    small_root, transactional_db, make_key
+):
+    key = make_key()
+    server = serve(small_root)
+    try:
+        with httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=30
+        ) as http:
+            assert http.put("/api/queues/q", json={}).status_code == 201
+            before, refused = post_until_refused(http, 200)
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "store_error"
+            assert before
+            wait_for(lambda: not ready(http), 15, "/healthz to say the state root is full")
+
+            remount(small_root, "size=16m")  # the operator gives it room
+            wait_for(lambda: ready(http), 15, "/healthz to say the state root takes writes")
+            after = []
+            for n in range(5):
+                answer = http.post("/api/queues/q/items", json={"payload": {"after": n}})
+                assert answer.status_code == 201, answer.text
+                after.append(answer.json()["id"])
+            everything = set(before) | set(after)
+            take_all(server, key, everything)
+            wait_for(lambda: finished(http, everything), 15, "every item finished")
+    finally:
+        server.stop()
+        os.sync()
+    assert_index_matches_directories(small_root)
+
+
+def test_a_server_whose_state_root_turned_read_only_serves_again_once_it_is_writable(
+    small_root, transactional_db, make_key
+):
+    # A worker holds items as the state root turns read-only: its result then changed
+    # nothing and is answered ``unavailable`` (send it again), not an error that ends the
+    # verdict; sent again once the root is writable, it is taken. An item coming due while
+    # the root is read-only (its claim fails), and one whose socket closed meanwhile (its
+    # re-queue fails), reach the worker once it is writable, not at the lease's end.
+    key = make_key()
+    server = serve(small_root)
+    try:
+        with httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=30
+        ) as http:
+            assert http.put("/api/queues/q", json={"leaseSeconds": 300}).status_code == 201
+            answer = http.post("/api/queues/q/items", json={"payload": "its socket closes"})
+            assert answer.status_code == 201, answer.text
+            closing = answer.json()["id"]
+            before = []
+            for n in range(3):
+                answer = http.post("/api/queues/q/items", json={"payload": {"before": n}})
+                assert answer.status_code == 201, answer.text
+                before.append(answer.json()["id"])
+            at = datetime.now(UTC) + timedelta(seconds=1.5)
+            answer = http.post(
+                "/api/queues/q/items",
+                json={"payload": "due", "scheduledAt": at.isoformat().replace("+00:00", "Z")},
+            )
+            assert answer.status_code == 201, answer.text
+            due = answer.json()["id"]
+
+            async def run() -> list[str]:
+                other = await connect(server, key)
+                await subscribe(other, ["q"], 1)
+                assert (await recv(other))["id"] == closing
+                ws = await connect(server, key)
+                try:
+                    await subscribe(ws, ["q"], 16)
+                    held = {(await recv(ws))["id"] for _ in before}
+                    assert held == set(before)
+                    remount(small_root, "ro")  # a disk's error, or an operator's mistake
+                    await other.close()  # what it held cannot be re-queued now
+                    first = before[0]
+                    await send(ws, {"type": "result", "id": first, "result": "ok"})
+                    frame = await recv(ws)
+                    assert (frame["type"], frame["code"], frame["id"]) == (
+                        "error",
+                        "unavailable",
+                        first,
+                    ), frame
+                    refused = await asyncio.to_thread(
+                        http.post, "/api/queues/q/items", json={"payload": "while read-only"}
+                    )
+                    assert refused.status_code == 503, refused.text
+                    assert refused.json()["error"]["code"] == "store_error"
+                    await asyncio.to_thread(
+                        wait_for, lambda: not ready(http), 15, "/healthz to say it is read-only"
+                    )
+                    await asyncio.sleep(2)  # the delayed item comes due; its claim fails
+                    remount(small_root, "rw")
+                    await asyncio.to_thread(
+                        wait_for, lambda: ready(http), 15, "/healthz to say it takes writes"
+                    )
+                    for item_id in before:  # the first sent again
+                        await send(ws, {"type": "result", "id": item_id, "result": "ok"})
+                    # The acks, and the items pushed between them, in any order.
+                    acked: set[str] = set()
+                    pushed: set[str] = set()
+                    while len(acked) < len(before) or len(pushed) < 2:
+                        frame = await recv(ws, 15)
+                        if frame["type"] == "item":
+                            pushed.add(frame["id"])
+                            continue
+                        assert (frame["type"], frame["accepted"]) == ("ack", True), frame
+                        acked.add(frame["id"])
+                    assert acked == set(before)
+                    assert pushed == {due, closing}
+                    for item_id in pushed:
+                        await send(ws, {"type": "result", "id": item_id, "result": "ok"})
+                        ack = await recv(ws)
+                        assert (ack["type"], ack["id"], ack["accepted"]) == ("ack", item_id, True)
+                    after = []
+                    for n in range(3):
+                        answer = await asyncio.to_thread(
+                            http.post, "/api/queues/q/items", json={"payload": {"after": n}}
+                        )
+                        assert answer.status_code == 201, answer.text
+                        after.append(answer.json()["id"])
+                    return after
+                finally:
+                    await ws.close()
+
+            after = asyncio.run(run())
+            take_all(server, key, set(after))
+            everything = set(before) | set(after) | {due, closing}
+            wait_for(lambda: finished(http, everything), 15, "every item finished")
+    finally:
+        server.stop()
+        os.sync()
+    assert_index_matches_directories(small_root)
+    log = server.log.read_text()
+    # A claim that met the read-only root is told as one line, not a traceback a second.
+    assert "Traceback" not in log, log
