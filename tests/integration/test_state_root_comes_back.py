@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ..conftest import Server
+from ..conftest import REPO, Server, server_env
 from .consistency import assert_index_matches_directories
 from .test_overload import small_filesystem, wait_for
 from .wsclient import connect, recv, send, subscribe
@@ -46,6 +47,19 @@ def post_until_refused(http: httpx.Client, most: int) -> tuple[list[str], httpx.
     raise AssertionError(f"{most} posts were all taken")
 
 
+def fill(directory: Path) -> None:
+    """Take what room is left on ``directory``'s filesystem (as the disk's other writers
+    would): a refused post of 20 KiB may leave a few pages free, where /healthz's probe of a
+    few bytes still succeeds."""
+    with open(directory / "filler", "ab", buffering=0) as filler:
+        for size in (1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    filler.write(b"\0" * size)
+            except OSError:
+                continue
+
+
 def ready(http: httpx.Client) -> bool:
     return http.get("/healthz").status_code == 200
 
@@ -57,11 +71,12 @@ def take_all(server: Server, key: str, ids: set[str]) -> None:
         ws = await connect(server, key)
         try:
             await subscribe(ws, ["q"], 16)
-            left = set(ids)
-            while left:
+            left, unacked = set(ids), set(ids)
+            while unacked:
                 frame = await recv(ws, 15)
                 if frame["type"] == "ack":
                     assert frame["accepted"] is True, frame
+                    unacked.discard(frame["id"])
                     continue
                 assert frame["type"] == "item", frame
                 assert frame["id"] in left, frame
@@ -101,6 +116,7 @@ def test_a_server_whose_full_state_root_is_given_room_serves_again_and_loses_not
             assert refused.status_code == 503, refused.text
             assert refused.json()["error"]["code"] == "store_error"
             assert before
+            fill(small_root)
             wait_for(lambda: not ready(http), 15, "/healthz to say the state root is full")
 
             remount(small_root, "size=16m")  # the operator gives it room
@@ -222,3 +238,61 @@ def test_a_server_whose_state_root_turned_read_only_serves_again_once_it_is_writ
     log = server.log.read_text()
     # A claim that met the read-only root is told as one line, not a traceback a second.
     assert "Traceback" not in log, log
+
+
+def manage(root: Path, url: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=REPO,
+        env=server_env(root, DATABASE_URL=url),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_embedded_layout_on_a_full_disk_serves_again_once_given_room(tmp_path):
+    # The default layout: the SQLite database beside the state root, on one filesystem, so
+    # a full disk refuses the database's writes too (SQLite's "database or disk is full").
+    with small_filesystem(tmp_path / "small", "4m") as disk:
+        url = f"sqlite:///{disk / 'taskhoster.sqlite3'}"
+        root = disk / "state"
+        manage(root, url, "migrate", "--noinput", "-v0")
+        key = manage(root, url, "createkey", "--name", "k", "--scopes", "produce,work,manage")
+        key = key.strip()
+        server = Server(
+            root, DATABASE_URL=url, TASKHOSTER_MIN_FREE_BYTES="0", TASKHOSTER_MIN_FREE_INODES="0"
+        )
+        server.log = tmp_path / server.log.name  # (not on the disk that fills)
+        server.start()
+        try:
+            with httpx.Client(
+                base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=30
+            ) as http:
+                assert http.put("/api/queues/q", json={}).status_code == 201
+                before, refused = post_until_refused(http, 400)
+                assert refused.status_code == 503, refused.text
+                assert refused.json()["error"]["code"] in ("store_error", "unavailable")
+                assert refused.headers["Retry-After"]
+                assert before
+                fill(disk)
+                wait_for(lambda: not ready(http), 15, "/healthz to say the disk is full")
+
+                remount(disk, "size=32m")  # the operator gives it room
+                wait_for(lambda: ready(http), 15, "/healthz to say the disk takes writes")
+                after = []
+                for n in range(5):
+                    answer = http.post("/api/queues/q/items", json={"payload": {"after": n}})
+                    assert answer.status_code == 201, answer.text
+                    after.append(answer.json()["id"])
+                everything = set(before) | set(after)
+                take_all(server, key, everything)
+                wait_for(lambda: finished(http, everything), 15, "every item finished")
+        finally:
+            server.stop()
+        # The index says what the directories say: repair finds nothing to do.
+        report = manage(root, url, "sweep", "--repair", "--grace", "0")
+        assert "0 row(s) added, 0 corrected, 0 removed, 0 stale file(s) removed" in report, report
+        assert "quarantined" not in report, report
