@@ -171,21 +171,16 @@ class _RedisPublisher:
         self._waiting_bytes = 0
         self._changed = threading.Condition()
         self._sending = False  # a batch taken from ``_waiting`` is being sent
-        self._started = False
         self._lost = 0  # messages dropped or failed since the last warning
         self._why = ""  # why the last of them were lost
         self._warned_at = -math.inf
+        threading.Thread(target=self._send_forever, name="taskhoster-news", daemon=True).start()
 
     def ping(self) -> None:
         self.client.ping()
 
     def publish(self, data: bytes) -> None:
         with self._changed:
-            if not self._started:
-                threading.Thread(
-                    target=self._send_forever, name="taskhoster-news", daemon=True
-                ).start()
-                self._started = True
             dropped = False
             while self._waiting and self._waiting_bytes + len(data) > PENDING_MOST_BYTES:
                 self._waiting_bytes -= len(self._waiting.popleft())
