@@ -951,22 +951,26 @@ def read_schedules(store: StateStore, queue: str) -> list[dict[str, Any]] | None
 
 def _write_queue_file(store: StateStore, queue: str, name: str, value: Any) -> None:
     """A whole file of the queue's directory replaced durably: written as a temporary,
-    flushed, renamed into place, the directory flushed."""
-    store.ensure_queue(queue)
+    flushed, renamed into place, the directory flushed. ``StoreWriteFailed`` if the state
+    root refuses it (the caller's transaction fails with it: 503, not 500)."""
     path = store.queue_dir(queue) / name
     stem = name.removesuffix(".json")
     tmp = str(path.with_name(f".{stem}.{secrets.token_hex(4)}{TMP_SUFFIX}"))
-    store.sys.create(tmp, json.dumps(value, sort_keys=True).encode())
     try:
+        store.ensure_queue(queue)
+        store.sys.create(tmp, json.dumps(value, sort_keys=True).encode())
+        try:
+            if store.fsync:
+                store.sys.fsync(tmp)
+            store.sys.rename(tmp, str(path))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                store.sys.unlink(tmp)
+            raise
         if store.fsync:
-            store.sys.fsync(tmp)
-        store.sys.rename(tmp, str(path))
-    except BaseException:
-        with contextlib.suppress(OSError):
-            store.sys.unlink(tmp)
-        raise
-    if store.fsync:
-        store.sys.fsync(str(path.parent))
+            store.sys.fsync(str(path.parent))
+    except OSError as exc:
+        raise StoreWriteFailed(f"could not write the queue's {name}: {why(exc)}") from exc
 
 
 def _read_queue_file(store: StateStore, queue: str, name: str) -> Any:

@@ -41,6 +41,7 @@ from ..errors import (
     KeyRefused,
     OutcomeUnknown,
     QueueNotFound,
+    StoreWriteFailed,
     TaskhosterError,
 )
 from ..faults import crash_point, fault, slow_seconds
@@ -400,8 +401,15 @@ class Group:
         return sorted({r.id for r in self.created} | set(self.rows))
 
     def _answer(self, op: Op[Any], fn: Callable[..., Any], *args: Any) -> None:
+        """Run one operation: its answer, or the error that refuses it alone. Not a write the
+        state root refused (``StoreWriteFailed``), which may come part-way (a batch post's
+        third file, after two were written; a line appended, then the rename refused): the
+        whole group fails and undoes its files, or what was written of the operation would
+        commit without it."""
         try:
             self.answers[id(op)] = (True, _as_of_now(fn(*args)))
+        except StoreWriteFailed:
+            raise
         except TaskhosterError as exc:
             self.answers[id(op)] = (False, exc)
 

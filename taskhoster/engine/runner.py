@@ -40,7 +40,7 @@ from django.db import DatabaseError, IntegrityError, OperationalError, connectio
 
 from .. import events, identity, metrics
 from ..conf import get_conf
-from ..errors import OutcomeUnknown, StoreError, TaskhosterError
+from ..errors import OutcomeUnknown, StoreError, StoreWriteFailed, TaskhosterError
 from ..faults import GATHER, fault, slow_seconds
 from ..osthread import name_os_thread
 from . import giveback, pacing, reclaim
@@ -95,6 +95,16 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
         group = Group(ops, store(), shard)
         try:
             group.run()
+        except StoreWriteFailed as exc:
+            # The state root refused a write (full, read-only): the group undid its files
+            # and rolled back. Its members one by one, so that those the refusal was not
+            # about (another queue's, a verdict with no file to write) are not refused too.
+            if len(ops) > 1:
+                _one_by_one(ops, shard)
+                return
+            refused = group.refused_keys()
+            answer([(op, False, refused.get(id(op), exc)) for op in ops])
+            return
         except TaskhosterError as exc:
             if isinstance(exc, OutcomeUnknown):
                 # Settled once the database answers: its files put back if it rolled back,

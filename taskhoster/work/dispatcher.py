@@ -364,10 +364,14 @@ class Dispatcher:
             # Its socket did not take it (it closed meanwhile): it never reached a worker,
             # so it goes back without costing it an attempt, and is claimed again for
             # whichever socket is free (news of the release).
+            release = engine.Release(item_id=item.row.id, lease=item.row.lease or "")
             try:
-                await engine.execute_async(
-                    engine.Release(item_id=item.row.id, lease=item.row.lease or "")
-                )
+                await engine.execute_async(release)
+            except engine.RETRYABLE as exc:
+                # The database away, the state root refusing writes: made again until it
+                # can be, not left ``processing`` until its lease ends.
+                log.warning("could not give back %s, which no socket took: %s", item.row.id, exc)
+                engine.make_again_later([release])
             except Exception:
                 log.exception("could not give back %s, which no socket took", item.row.id)
 
@@ -454,13 +458,15 @@ class Dispatcher:
         async def look() -> None:
             try:
                 await self.recheck()
+            except asyncio.CancelledError:
+                self.looking = None  # (``stop``: nothing more)
+                raise
             except Exception as exc:
                 log.warning("could not look for work after news was missed: %s", exc)
-            finally:
-                self.looking = None
-                if self.look_again_after:
-                    self.look_again_after = False
-                    self._look_again()
+            self.looking = None
+            if self.look_again_after:
+                self.look_again_after = False
+                self._look_again()
 
         self.looking = self.loop.create_task(look())
 

@@ -47,17 +47,19 @@ def post_until_refused(http: httpx.Client, most: int) -> tuple[list[str], httpx.
     raise AssertionError(f"{most} posts were all taken")
 
 
-def fill(directory: Path) -> None:
+def fill(directory: Path) -> Path:
     """Take what room is left on ``directory``'s filesystem (as the disk's other writers
     would): a refused post of 20 KiB may leave a few pages free, where /healthz's probe of a
-    few bytes still succeeds."""
-    with open(directory / "filler", "ab", buffering=0) as filler:
+    few bytes still succeeds. The file that took it."""
+    path = directory / "filler"
+    with open(path, "ab", buffering=0) as filler:
         for size in (1 << 16, 1 << 12, 1):
             try:
                 while True:
                     filler.write(b"\0" * size)
             except OSError:
                 continue
+    return path
 
 
 def ready(http: httpx.Client) -> bool:
@@ -135,6 +137,34 @@ def test_a_server_whose_full_state_root_is_given_room_serves_again_and_loses_not
     assert_index_matches_directories(small_root)
 
 
+def test_a_batch_post_that_meets_a_full_disk_part_way_posts_none_of_its_items(
+    small_root, transactional_db, make_key
+):
+    # All or none (SPEC: a batch post): room for two small items' files and not for the
+    # third's, the batch is refused and leaves no row and no file. Before, the failing
+    # member alone was answered, and the group committed the two files already written.
+    server = serve(small_root)
+    try:
+        with httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Token {make_key()}"}, timeout=30
+        ) as http:
+            assert http.put("/api/queues/q", json={}).status_code == 201
+            kept = http.post("/api/queues/q/items", json={"payload": "before"})
+            assert kept.status_code == 201, kept.text
+            filler = fill(small_root)
+            os.truncate(filler, filler.stat().st_size - 3 * 4096)  # three pages free
+            batch = [{"payload": "small"}, {"payload": "small"}, {"payload": PAD}]
+            refused = http.post("/api/queues/q/items", json={"items": batch})
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "store_error"
+            listed = http.get("/api/queues/q/items").json()
+            assert [item["id"] for item in listed["items"]] == [kept.json()["id"]], listed
+    finally:
+        server.stop()
+        os.sync()
+    assert_index_matches_directories(small_root)
+
+
 def test_a_server_whose_state_root_turned_read_only_serves_again_once_it_is_writable(
     small_root, transactional_db, make_key
 ):
@@ -158,7 +188,7 @@ def test_a_server_whose_state_root_turned_read_only_serves_again_once_it_is_writ
                 answer = http.post("/api/queues/q/items", json={"payload": {"before": n}})
                 assert answer.status_code == 201, answer.text
                 before.append(answer.json()["id"])
-            at = datetime.now(UTC) + timedelta(seconds=1.5)
+            at = datetime.now(UTC) + timedelta(seconds=5)  # after the root turns read-only
             answer = http.post(
                 "/api/queues/q/items",
                 json={"payload": "due", "scheduledAt": at.isoformat().replace("+00:00", "Z")},
@@ -190,10 +220,15 @@ def test_a_server_whose_state_root_turned_read_only_serves_again_once_it_is_writ
                     )
                     assert refused.status_code == 503, refused.text
                     assert refused.json()["error"]["code"] == "store_error"
+                    # A queue's settings are kept in its directory too: refused, not a 500.
+                    made = await asyncio.to_thread(http.put, "/api/queues/other", json={})
+                    assert made.status_code == 503, made.text
+                    assert made.json()["error"]["code"] == "store_error"
                     await asyncio.to_thread(
                         wait_for, lambda: not ready(http), 15, "/healthz to say it is read-only"
                     )
-                    await asyncio.sleep(2)  # the delayed item comes due; its claim fails
+                    # The delayed item comes due while read-only; its claim fails.
+                    await asyncio.sleep(max(0.0, (at - datetime.now(UTC)).total_seconds()) + 1)
                     remount(small_root, "rw")
                     await asyncio.to_thread(
                         wait_for, lambda: ready(http), 15, "/healthz to say it takes writes"
@@ -228,6 +263,7 @@ def test_a_server_whose_state_root_turned_read_only_serves_again_once_it_is_writ
                     await ws.close()
 
             after = asyncio.run(run())
+            assert http.get("/api/queues/other").status_code == 404  # its row rolled back
             take_all(server, key, set(after))
             everything = set(before) | set(after) | {due, closing}
             wait_for(lambda: finished(http, everything), 15, "every item finished")
