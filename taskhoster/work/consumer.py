@@ -530,6 +530,8 @@ class WorkConsumer(AsyncWebsocketConsumer):
             # so the claim for the freed slot can join the same group as this result.
             self.held.pop(item_id, None)
             freed = True
+            if holding is not None:
+                self._on_settled(item_id, holding, verdict)
             answers.append(self._result_ack(item_id, verdict, given_up=holding))
         if freed:
             self._slot_freed()
@@ -582,13 +584,12 @@ class WorkConsumer(AsyncWebsocketConsumer):
         ack, and its slot freed. ``given_up``: the attempt this result answers, which the
         socket let go of when the result came; held again if the database was away (the
         result changed nothing, or its outcome is unknown), as a fail's is: the worker sends
-        it again, and should the socket close first, the item is re-queued with it."""
+        it again, and should the socket close first, the item is re-queued with it
+        (``_on_settled``)."""
         try:
-            answer = await verdict
-        except engine.RETRYABLE:
-            if given_up is not None:
-                self.held.setdefault(item_id, given_up)
-            raise
+            # Shielded: the socket's end cancels the task sending its answers, and the
+            # verdict's outcome is still wanted (``_on_settled``).
+            answer = await asyncio.shield(verdict)
         except ItemNotFound:
             if item_id not in self.cancelled:
                 raise
@@ -603,6 +604,32 @@ class WorkConsumer(AsyncWebsocketConsumer):
             self._slot_freed()
         raise_if_armed("socket.result")
         return {"type": "ack", "id": item_id, "accepted": answer.accepted, "status": answer.status}
+
+    def _on_settled(self, item_id: str, holding: Held, verdict: asyncio.Future[Any]) -> None:
+        """Once a verdict this socket handed on (letting go of its item when it came) has
+        settled: if it met the database away or the state root refusing writes, it changed
+        nothing (or may have), and the attempt is this socket's again, for the worker's
+        frame sent again ("unavailable"), which finds it held; or, the socket having ended
+        meanwhile, the item is re-queued under its lease, again until that can be done
+        (``engine.make_again_later``). Run when the verdict settles, not by its ack, which
+        may wait behind earlier answers, or never be sent (the socket closed): an item
+        re-held after its socket's end stayed ``processing`` until its lease ended."""
+
+        def settled(future: asyncio.Future[Any]) -> None:
+            if future.cancelled() or not isinstance(future.exception(), engine.RETRYABLE):
+                return
+            if self.ending is None:
+                self.held.setdefault(item_id, holding)
+                return
+            engine.make_again_later(
+                [
+                    engine.Requeue(
+                        item_id=item_id, lease=holding.lease, cause=engine.WORKER_DISCONNECTED
+                    )
+                ]
+            )
+
+        verdict.add_done_callback(settled)
 
     def _on_fail(self, message: dict[str, Any]) -> Answer:
         item_id = message["id"]
@@ -619,18 +646,11 @@ class WorkConsumer(AsyncWebsocketConsumer):
         # its slot is free now, before the verdict's own news could come back on this loop.
         del self.held[item_id]
         self._slot_freed()
-        return self._fail_ack(item_id, verdict, holding)
+        self._on_settled(item_id, holding, verdict)
+        return self._fail_ack(item_id, verdict)
 
-    async def _fail_ack(
-        self, item_id: str, verdict: Awaitable[engine.Verdict], holding: Held
-    ) -> dict[str, Any]:
-        try:
-            answer = await verdict
-        except engine.RETRYABLE:
-            # Nothing was done (the database away): the attempt is still this socket's, for
-            # the worker's fail sent again ("unavailable"), which finds it held.
-            self.held.setdefault(item_id, holding)
-            raise
+    async def _fail_ack(self, item_id: str, verdict: Awaitable[engine.Verdict]) -> dict[str, Any]:
+        answer = await asyncio.shield(verdict)  # (as a result's: ``_result_ack``)
         raise_if_armed("socket.fail")
         return {"type": "ack", "id": item_id, "accepted": answer.accepted, "status": answer.status}
 

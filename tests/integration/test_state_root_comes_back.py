@@ -332,3 +332,48 @@ def test_the_embedded_layout_on_a_full_disk_serves_again_once_given_room(tmp_pat
         report = manage(root, url, "sweep", "--repair", "--grace", "0")
         assert "0 row(s) added, 0 corrected, 0 removed, 0 stale file(s) removed" in report, report
         assert "quarantined" not in report, report
+
+
+def test_an_item_whose_socket_closed_while_its_result_met_a_read_only_root_is_queued_again(
+    small_root, transactional_db, make_key
+):
+    # The worker sends its result and closes at once: the socket ends while the result is in
+    # flight, and the result, refused by the read-only root, changed nothing. The item must
+    # be re-queued once the root takes writes (to the other socket here), not left
+    # ``processing`` until its lease ends (five minutes).
+    key = make_key()
+    server = serve(small_root)
+    try:
+        with httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=30
+        ) as http:
+            assert http.put("/api/queues/q", json={"leaseSeconds": 300}).status_code == 201
+            answer = http.post("/api/queues/q/items", json={"payload": "in flight"})
+            assert answer.status_code == 201, answer.text
+            item_id = answer.json()["id"]
+
+            async def run() -> None:
+                leaving = await connect(server, key)
+                await subscribe(leaving, ["q"], 1)
+                assert (await recv(leaving))["id"] == item_id
+                remount(small_root, "ro")
+                await send(leaving, {"type": "result", "id": item_id, "result": "ok"})
+                await leaving.close()
+                await asyncio.sleep(1)
+                remount(small_root, "rw")
+                ws = await connect(server, key)
+                try:
+                    await subscribe(ws, ["q"], 1)
+                    frame = await recv(ws, 15)
+                    assert (frame["type"], frame["id"]) == ("item", item_id), frame
+                    await send(ws, {"type": "result", "id": item_id, "result": "ok"})
+                    ack = await recv(ws)
+                    assert (ack["type"], ack["accepted"]) == ("ack", True), ack
+                finally:
+                    await ws.close()
+
+            asyncio.run(run())
+    finally:
+        server.stop()
+        os.sync()
+    assert_index_matches_directories(small_root)
