@@ -12,9 +12,10 @@ operator's fix or a disk's error would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
-import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,10 @@ from typing import Any
 import httpx
 import pytest
 
-from ..conftest import REPO, Server, server_env
+from ..conftest import Server
 from .consistency import assert_index_matches_directories
 from .test_overload import small_filesystem, wait_for
+from .test_state_root_identity import run_manage
 from .wsclient import connect, recv, send, subscribe
 
 pytestmark = pytest.mark.slow
@@ -38,7 +40,7 @@ def remount(path: Path, options: str) -> None:
 
 def post_until_refused(http: httpx.Client, most: int) -> tuple[list[str], httpx.Response]:
     """Post until a post is refused; the ids acknowledged, and the refusal."""
-    posted = []
+    posted: list[str] = []
     for n in range(most):
         answer = http.post("/api/queues/q/items", json={"payload": {"n": n, "pad": PAD}})
         if answer.status_code != 201:
@@ -100,40 +102,44 @@ def small_root(tmp_path: Path) -> Any:
         yield root
 
 
-def serve(root: Path) -> Server:
-    return Server(root, TASKHOSTER_MIN_FREE_BYTES="0", TASKHOSTER_MIN_FREE_INODES="0").start()
+@contextlib.contextmanager
+def serving(root: Path, key: str) -> Iterator[tuple[Server, httpx.Client]]:
+    """A server on ``root`` (no free-space floor: the disk's own refusals are tested), and a
+    client with ``key``; stopped, and the disk synced, after."""
+    server = Server(root, TASKHOSTER_MIN_FREE_BYTES="0", TASKHOSTER_MIN_FREE_INODES="0").start()
+    try:
+        with httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=30
+        ) as http:
+            yield server, http
+    finally:
+        server.stop()
+        os.sync()
 
 
 def test_a_server_whose_full_state_root_is_given_room_serves_again_and_loses_nothing(
     small_root, transactional_db, make_key
 ):
     key = make_key()
-    server = serve(small_root)
-    try:
-        with httpx.Client(
-            base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=30
-        ) as http:
-            assert http.put("/api/queues/q", json={}).status_code == 201
-            before, refused = post_until_refused(http, 200)
-            assert refused.status_code == 503, refused.text
-            assert refused.json()["error"]["code"] == "store_error"
-            assert before
-            fill(small_root)
-            wait_for(lambda: not ready(http), 15, "/healthz to say the state root is full")
+    with serving(small_root, key) as (server, http):
+        assert http.put("/api/queues/q", json={}).status_code == 201
+        before, refused = post_until_refused(http, 200)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "store_error"
+        assert before
+        fill(small_root)
+        wait_for(lambda: not ready(http), 15, "/healthz to say the state root is full")
 
-            remount(small_root, "size=16m")  # the operator gives it room
-            wait_for(lambda: ready(http), 15, "/healthz to say the state root takes writes")
-            after = []
-            for n in range(5):
-                answer = http.post("/api/queues/q/items", json={"payload": {"after": n}})
-                assert answer.status_code == 201, answer.text
-                after.append(answer.json()["id"])
-            everything = set(before) | set(after)
-            take_all(server, key, everything)
-            wait_for(lambda: finished(http, everything), 15, "every item finished")
-    finally:
-        server.stop()
-        os.sync()
+        remount(small_root, "size=16m")  # the operator gives it room
+        wait_for(lambda: ready(http), 15, "/healthz to say the state root takes writes")
+        after = []
+        for n in range(5):
+            answer = http.post("/api/queues/q/items", json={"payload": {"after": n}})
+            assert answer.status_code == 201, answer.text
+            after.append(answer.json()["id"])
+        everything = set(before) | set(after)
+        take_all(server, key, everything)
+        wait_for(lambda: finished(http, everything), 15, "every item finished")
     assert_index_matches_directories(small_root)
 
 
@@ -143,25 +149,18 @@ def test_a_batch_post_that_meets_a_full_disk_part_way_posts_none_of_its_items(
     # All or none (SPEC: a batch post): room for two small items' files and not for the
     # third's, the batch is refused and leaves no row and no file. Before, the failing
     # member alone was answered, and the group committed the two files already written.
-    server = serve(small_root)
-    try:
-        with httpx.Client(
-            base_url=server.url, headers={"Authorization": f"Token {make_key()}"}, timeout=30
-        ) as http:
-            assert http.put("/api/queues/q", json={}).status_code == 201
-            kept = http.post("/api/queues/q/items", json={"payload": "before"})
-            assert kept.status_code == 201, kept.text
-            filler = fill(small_root)
-            os.truncate(filler, filler.stat().st_size - 3 * 4096)  # three pages free
-            batch = [{"payload": "small"}, {"payload": "small"}, {"payload": PAD}]
-            refused = http.post("/api/queues/q/items", json={"items": batch})
-            assert refused.status_code == 503, refused.text
-            assert refused.json()["error"]["code"] == "store_error"
-            listed = http.get("/api/queues/q/items").json()
-            assert [item["id"] for item in listed["items"]] == [kept.json()["id"]], listed
-    finally:
-        server.stop()
-        os.sync()
+    with serving(small_root, make_key()) as (_server, http):
+        assert http.put("/api/queues/q", json={}).status_code == 201
+        kept = http.post("/api/queues/q/items", json={"payload": "before"})
+        assert kept.status_code == 201, kept.text
+        filler = fill(small_root)
+        os.truncate(filler, filler.stat().st_size - 3 * 4096)  # three pages free
+        batch = [{"payload": "small"}, {"payload": "small"}, {"payload": PAD}]
+        refused = http.post("/api/queues/q/items", json={"items": batch})
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "store_error"
+        listed = http.get("/api/queues/q/items").json()
+        assert [item["id"] for item in listed["items"]] == [kept.json()["id"]], listed
     assert_index_matches_directories(small_root)
 
 
@@ -174,102 +173,95 @@ def test_a_server_whose_state_root_turned_read_only_serves_again_once_it_is_writ
     # the root is read-only (its claim fails), and one whose socket closed meanwhile (its
     # re-queue fails), reach the worker once it is writable, not at the lease's end.
     key = make_key()
-    server = serve(small_root)
-    try:
-        with httpx.Client(
-            base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=30
-        ) as http:
-            assert http.put("/api/queues/q", json={"leaseSeconds": 300}).status_code == 201
-            answer = http.post("/api/queues/q/items", json={"payload": "its socket closes"})
+    with serving(small_root, key) as (server, http):
+        assert http.put("/api/queues/q", json={"leaseSeconds": 300}).status_code == 201
+        answer = http.post("/api/queues/q/items", json={"payload": "its socket closes"})
+        assert answer.status_code == 201, answer.text
+        closing = answer.json()["id"]
+        before = []
+        for n in range(3):
+            answer = http.post("/api/queues/q/items", json={"payload": {"before": n}})
             assert answer.status_code == 201, answer.text
-            closing = answer.json()["id"]
-            before = []
-            for n in range(3):
-                answer = http.post("/api/queues/q/items", json={"payload": {"before": n}})
-                assert answer.status_code == 201, answer.text
-                before.append(answer.json()["id"])
-            at = datetime.now(UTC) + timedelta(seconds=5)  # after the root turns read-only
-            answer = http.post(
-                "/api/queues/q/items",
-                json={"payload": "due", "scheduledAt": at.isoformat().replace("+00:00", "Z")},
-            )
-            assert answer.status_code == 201, answer.text
-            due = answer.json()["id"]
+            before.append(answer.json()["id"])
+        at = datetime.now(UTC) + timedelta(seconds=5)  # after the root turns read-only
+        answer = http.post(
+            "/api/queues/q/items",
+            json={"payload": "due", "scheduledAt": at.isoformat().replace("+00:00", "Z")},
+        )
+        assert answer.status_code == 201, answer.text
+        due = answer.json()["id"]
 
-            async def run() -> list[str]:
-                other = await connect(server, key)
-                await subscribe(other, ["q"], 1)
-                assert (await recv(other))["id"] == closing
-                ws = await connect(server, key)
-                try:
-                    await subscribe(ws, ["q"], 16)
-                    held = {(await recv(ws))["id"] for _ in before}
-                    assert held == set(before)
-                    remount(small_root, "ro")  # a disk's error, or an operator's mistake
-                    await other.close()  # what it held cannot be re-queued now
-                    first = before[0]
-                    await send(ws, {"type": "result", "id": first, "result": "ok"})
-                    frame = await recv(ws)
-                    assert (frame["type"], frame["code"], frame["id"]) == (
-                        "error",
-                        "unavailable",
-                        first,
-                    ), frame
-                    refused = await asyncio.to_thread(
-                        http.post, "/api/queues/q/items", json={"payload": "while read-only"}
+        async def run() -> list[str]:
+            other = await connect(server, key)
+            await subscribe(other, ["q"], 1)
+            assert (await recv(other))["id"] == closing
+            ws = await connect(server, key)
+            try:
+                await subscribe(ws, ["q"], 16)
+                held = {(await recv(ws))["id"] for _ in before}
+                assert held == set(before)
+                remount(small_root, "ro")  # a disk's error, or an operator's mistake
+                await other.close()  # what it held cannot be re-queued now
+                first = before[0]
+                await send(ws, {"type": "result", "id": first, "result": "ok"})
+                frame = await recv(ws)
+                assert (frame["type"], frame["code"], frame["id"]) == (
+                    "error",
+                    "unavailable",
+                    first,
+                ), frame
+                refused = await asyncio.to_thread(
+                    http.post, "/api/queues/q/items", json={"payload": "while read-only"}
+                )
+                assert refused.status_code == 503, refused.text
+                assert refused.json()["error"]["code"] == "store_error"
+                # A queue's settings are kept in its directory too: refused, not a 500.
+                made = await asyncio.to_thread(http.put, "/api/queues/other", json={})
+                assert made.status_code == 503, made.text
+                assert made.json()["error"]["code"] == "store_error"
+                await asyncio.to_thread(
+                    wait_for, lambda: not ready(http), 15, "/healthz to say it is read-only"
+                )
+                # The delayed item comes due while read-only; its claim fails.
+                await asyncio.sleep(max(0.0, (at - datetime.now(UTC)).total_seconds()) + 1)
+                remount(small_root, "rw")
+                await asyncio.to_thread(
+                    wait_for, lambda: ready(http), 15, "/healthz to say it takes writes"
+                )
+                for item_id in before:  # the first sent again
+                    await send(ws, {"type": "result", "id": item_id, "result": "ok"})
+                # The acks, and the items pushed between them, in any order.
+                acked: set[str] = set()
+                pushed: set[str] = set()
+                while len(acked) < len(before) or len(pushed) < 2:
+                    frame = await recv(ws, 15)
+                    if frame["type"] == "item":
+                        pushed.add(frame["id"])
+                        continue
+                    assert (frame["type"], frame["accepted"]) == ("ack", True), frame
+                    acked.add(frame["id"])
+                assert acked == set(before)
+                assert pushed == {due, closing}
+                for item_id in pushed:
+                    await send(ws, {"type": "result", "id": item_id, "result": "ok"})
+                    ack = await recv(ws)
+                    assert (ack["type"], ack["id"], ack["accepted"]) == ("ack", item_id, True)
+                after = []
+                for n in range(3):
+                    answer = await asyncio.to_thread(
+                        http.post, "/api/queues/q/items", json={"payload": {"after": n}}
                     )
-                    assert refused.status_code == 503, refused.text
-                    assert refused.json()["error"]["code"] == "store_error"
-                    # A queue's settings are kept in its directory too: refused, not a 500.
-                    made = await asyncio.to_thread(http.put, "/api/queues/other", json={})
-                    assert made.status_code == 503, made.text
-                    assert made.json()["error"]["code"] == "store_error"
-                    await asyncio.to_thread(
-                        wait_for, lambda: not ready(http), 15, "/healthz to say it is read-only"
-                    )
-                    # The delayed item comes due while read-only; its claim fails.
-                    await asyncio.sleep(max(0.0, (at - datetime.now(UTC)).total_seconds()) + 1)
-                    remount(small_root, "rw")
-                    await asyncio.to_thread(
-                        wait_for, lambda: ready(http), 15, "/healthz to say it takes writes"
-                    )
-                    for item_id in before:  # the first sent again
-                        await send(ws, {"type": "result", "id": item_id, "result": "ok"})
-                    # The acks, and the items pushed between them, in any order.
-                    acked: set[str] = set()
-                    pushed: set[str] = set()
-                    while len(acked) < len(before) or len(pushed) < 2:
-                        frame = await recv(ws, 15)
-                        if frame["type"] == "item":
-                            pushed.add(frame["id"])
-                            continue
-                        assert (frame["type"], frame["accepted"]) == ("ack", True), frame
-                        acked.add(frame["id"])
-                    assert acked == set(before)
-                    assert pushed == {due, closing}
-                    for item_id in pushed:
-                        await send(ws, {"type": "result", "id": item_id, "result": "ok"})
-                        ack = await recv(ws)
-                        assert (ack["type"], ack["id"], ack["accepted"]) == ("ack", item_id, True)
-                    after = []
-                    for n in range(3):
-                        answer = await asyncio.to_thread(
-                            http.post, "/api/queues/q/items", json={"payload": {"after": n}}
-                        )
-                        assert answer.status_code == 201, answer.text
-                        after.append(answer.json()["id"])
-                    return after
-                finally:
-                    await ws.close()
+                    assert answer.status_code == 201, answer.text
+                    after.append(answer.json()["id"])
+                return after
+            finally:
+                await ws.close()
 
-            after = asyncio.run(run())
-            assert http.get("/api/queues/other").status_code == 404  # its row rolled back
-            take_all(server, key, set(after))
-            everything = set(before) | set(after) | {due, closing}
-            wait_for(lambda: finished(http, everything), 15, "every item finished")
-    finally:
-        server.stop()
-        os.sync()
+        after = asyncio.run(run())
+        assert http.get("/api/queues/other").status_code == 404  # its row rolled back
+        take_all(server, key, set(after))
+        everything = set(before) | set(after) | {due, closing}
+        wait_for(lambda: finished(http, everything), 15, "every item finished")
     assert_index_matches_directories(small_root)
     log = server.log.read_text()
     # A claim that met the read-only root is told as one line, not a traceback a second.
@@ -277,14 +269,7 @@ def test_a_server_whose_state_root_turned_read_only_serves_again_once_it_is_writ
 
 
 def manage(root: Path, url: str, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=REPO,
-        env=server_env(root, DATABASE_URL=url),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_manage(root, url, *args)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -342,38 +327,31 @@ def test_an_item_whose_socket_closed_while_its_result_met_a_read_only_root_is_qu
     # be re-queued once the root takes writes (to the other socket here), not left
     # ``processing`` until its lease ends (five minutes).
     key = make_key()
-    server = serve(small_root)
-    try:
-        with httpx.Client(
-            base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=30
-        ) as http:
-            assert http.put("/api/queues/q", json={"leaseSeconds": 300}).status_code == 201
-            answer = http.post("/api/queues/q/items", json={"payload": "in flight"})
-            assert answer.status_code == 201, answer.text
-            item_id = answer.json()["id"]
+    with serving(small_root, key) as (server, http):
+        assert http.put("/api/queues/q", json={"leaseSeconds": 300}).status_code == 201
+        answer = http.post("/api/queues/q/items", json={"payload": "in flight"})
+        assert answer.status_code == 201, answer.text
+        item_id = answer.json()["id"]
 
-            async def run() -> None:
-                leaving = await connect(server, key)
-                await subscribe(leaving, ["q"], 1)
-                assert (await recv(leaving))["id"] == item_id
-                remount(small_root, "ro")
-                await send(leaving, {"type": "result", "id": item_id, "result": "ok"})
-                await leaving.close()
-                await asyncio.sleep(1)
-                remount(small_root, "rw")
-                ws = await connect(server, key)
-                try:
-                    await subscribe(ws, ["q"], 1)
-                    frame = await recv(ws, 15)
-                    assert (frame["type"], frame["id"]) == ("item", item_id), frame
-                    await send(ws, {"type": "result", "id": item_id, "result": "ok"})
-                    ack = await recv(ws)
-                    assert (ack["type"], ack["accepted"]) == ("ack", True), ack
-                finally:
-                    await ws.close()
+        async def run() -> None:
+            leaving = await connect(server, key)
+            await subscribe(leaving, ["q"], 1)
+            assert (await recv(leaving))["id"] == item_id
+            remount(small_root, "ro")
+            await send(leaving, {"type": "result", "id": item_id, "result": "ok"})
+            await leaving.close()
+            await asyncio.sleep(1)
+            remount(small_root, "rw")
+            ws = await connect(server, key)
+            try:
+                await subscribe(ws, ["q"], 1)
+                frame = await recv(ws, 15)
+                assert (frame["type"], frame["id"]) == ("item", item_id), frame
+                await send(ws, {"type": "result", "id": item_id, "result": "ok"})
+                ack = await recv(ws)
+                assert (ack["type"], ack["accepted"]) == ("ack", True), ack
+            finally:
+                await ws.close()
 
-            asyncio.run(run())
-    finally:
-        server.stop()
-        os.sync()
+        asyncio.run(run())
     assert_index_matches_directories(small_root)
