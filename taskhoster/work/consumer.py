@@ -532,7 +532,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
             freed = True
             if holding is not None:
                 self._on_settled(item_id, holding, verdict)
-            answers.append(self._result_ack(item_id, verdict, given_up=holding))
+            answers.append(self._result_ack(item_id, verdict))
         if freed:
             self._slot_freed()
         return answers
@@ -576,16 +576,13 @@ class WorkConsumer(AsyncWebsocketConsumer):
         verdict: Awaitable[engine.Verdict],
         *,
         still_held: Held | None = None,
-        given_up: Held | None = None,
     ) -> dict[str, Any]:
         """The ack of a result. ``still_held``: the later attempt this socket holds when the
         result came from an earlier one; if the item is over now (this result won, or it was
         already terminal), so is that attempt: it is cancelled (with its lease) before the
-        ack, and its slot freed. ``given_up``: the attempt this result answers, which the
-        socket let go of when the result came; held again if the database was away (the
-        result changed nothing, or its outcome is unknown), as a fail's is: the worker sends
-        it again, and should the socket close first, the item is re-queued with it
-        (``_on_settled``)."""
+        ack, and its slot freed. (The attempt a result answers, let go of when it came, is
+        held again if the verdict met the database away or a read-only state root:
+        ``_on_settled``.)"""
         try:
             # Shielded: the socket's end cancels the task sending its answers, and the
             # verdict's outcome is still wanted (``_on_settled``).

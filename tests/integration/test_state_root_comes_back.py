@@ -103,10 +103,16 @@ def small_root(tmp_path: Path) -> Any:
 
 
 @contextlib.contextmanager
-def serving(root: Path, key: str) -> Iterator[tuple[Server, httpx.Client]]:
-    """A server on ``root`` (no free-space floor: the disk's own refusals are tested), and a
-    client with ``key``; stopped, and the disk synced, after."""
-    server = Server(root, TASKHOSTER_MIN_FREE_BYTES="0", TASKHOSTER_MIN_FREE_INODES="0").start()
+def serving(
+    root: Path, key: str, *, logs: Path | None = None, **env: str
+) -> Iterator[tuple[Server, httpx.Client]]:
+    """A server on ``root`` (no free-space floor: the disk's own refusals are tested), with
+    ``env``, logging into ``logs`` (default: beside ``root``), and a client with ``key``;
+    stopped, and the disk synced, after."""
+    server = Server(root, TASKHOSTER_MIN_FREE_BYTES="0", TASKHOSTER_MIN_FREE_INODES="0", **env)
+    if logs is not None:
+        server.log = logs / server.log.name
+    server.start()
     try:
         with httpx.Client(
             base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=30
@@ -117,29 +123,40 @@ def serving(root: Path, key: str) -> Iterator[tuple[Server, httpx.Client]]:
         os.sync()
 
 
+def fill_then_give_room(
+    server: Server, http: httpx.Client, key: str, disk: Path, size: str, refused_as: set[str]
+) -> None:
+    """Post until a post is refused (503, one of ``refused_as``, with ``Retry-After``), take
+    the disk's last pages, and /healthz says the disk is full; give it room (``size``), and
+    /healthz says it takes writes, new posts land, and a worker takes every item, those
+    acknowledged before and those posted after, and finishes it."""
+    assert http.put("/api/queues/q", json={}).status_code == 201
+    before, refused = post_until_refused(http, 400)
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"]["code"] in refused_as, refused.text
+    assert refused.headers["Retry-After"]
+    assert before
+    fill(disk)
+    wait_for(lambda: not ready(http), 15, "/healthz to say the disk is full")
+
+    remount(disk, f"size={size}")  # the operator gives it room
+    wait_for(lambda: ready(http), 15, "/healthz to say the disk takes writes")
+    after = []
+    for n in range(5):
+        answer = http.post("/api/queues/q/items", json={"payload": {"after": n}})
+        assert answer.status_code == 201, answer.text
+        after.append(answer.json()["id"])
+    everything = set(before) | set(after)
+    take_all(server, key, everything)
+    wait_for(lambda: finished(http, everything), 15, "every item finished")
+
+
 def test_a_server_whose_full_state_root_is_given_room_serves_again_and_loses_nothing(
     small_root, transactional_db, make_key
 ):
     key = make_key()
     with serving(small_root, key) as (server, http):
-        assert http.put("/api/queues/q", json={}).status_code == 201
-        before, refused = post_until_refused(http, 200)
-        assert refused.status_code == 503, refused.text
-        assert refused.json()["error"]["code"] == "store_error"
-        assert before
-        fill(small_root)
-        wait_for(lambda: not ready(http), 15, "/healthz to say the state root is full")
-
-        remount(small_root, "size=16m")  # the operator gives it room
-        wait_for(lambda: ready(http), 15, "/healthz to say the state root takes writes")
-        after = []
-        for n in range(5):
-            answer = http.post("/api/queues/q/items", json={"payload": {"after": n}})
-            assert answer.status_code == 201, answer.text
-            after.append(answer.json()["id"])
-        everything = set(before) | set(after)
-        take_all(server, key, everything)
-        wait_for(lambda: finished(http, everything), 15, "every item finished")
+        fill_then_give_room(server, http, key, small_root, "16m", {"store_error"})
     assert_index_matches_directories(small_root)
 
 
@@ -283,36 +300,9 @@ def test_the_embedded_layout_on_a_full_disk_serves_again_once_given_room(tmp_pat
         manage(root, url, "migrate", "--noinput", "-v0")
         key = manage(root, url, "createkey", "--name", "k", "--scopes", "produce,work,manage")
         key = key.strip()
-        server = Server(
-            root, DATABASE_URL=url, TASKHOSTER_MIN_FREE_BYTES="0", TASKHOSTER_MIN_FREE_INODES="0"
-        )
-        server.log = tmp_path / server.log.name  # (not on the disk that fills)
-        server.start()
-        try:
-            with httpx.Client(
-                base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=30
-            ) as http:
-                assert http.put("/api/queues/q", json={}).status_code == 201
-                before, refused = post_until_refused(http, 400)
-                assert refused.status_code == 503, refused.text
-                assert refused.json()["error"]["code"] in ("store_error", "unavailable")
-                assert refused.headers["Retry-After"]
-                assert before
-                fill(disk)
-                wait_for(lambda: not ready(http), 15, "/healthz to say the disk is full")
-
-                remount(disk, "size=32m")  # the operator gives it room
-                wait_for(lambda: ready(http), 15, "/healthz to say the disk takes writes")
-                after = []
-                for n in range(5):
-                    answer = http.post("/api/queues/q/items", json={"payload": {"after": n}})
-                    assert answer.status_code == 201, answer.text
-                    after.append(answer.json()["id"])
-                everything = set(before) | set(after)
-                take_all(server, key, everything)
-                wait_for(lambda: finished(http, everything), 15, "every item finished")
-        finally:
-            server.stop()
+        with serving(root, key, logs=tmp_path, DATABASE_URL=url) as (server, http):
+            # (The log is not on the disk that fills.) SQLite may be refused first.
+            fill_then_give_room(server, http, key, disk, "32m", {"store_error", "unavailable"})
         # The index says what the directories say: repair finds nothing to do.
         report = manage(root, url, "sweep", "--repair", "--grace", "0")
         assert "0 row(s) added, 0 corrected, 0 removed, 0 stale file(s) removed" in report, report
