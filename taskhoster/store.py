@@ -195,6 +195,11 @@ class Syscalls:
     """The file operations the store makes; a test may record them (see
     tests/integration/test_power_cut.py)."""
 
+    def read(self, path: str) -> bytes:
+        """A whole file's bytes (changes nothing)."""
+        with open(path, "rb") as handle:
+            return handle.read()
+
     def create(self, path: str, data: bytes) -> None:
         """A new file holding ``data``, or none: a write that fails (a full disk) takes the
         file it made away again, as ``append`` cuts back what it added. Left, it was a file
@@ -276,6 +281,19 @@ class FoundFile:
     path: Path
 
 
+def item_of(path: str) -> tuple[str, State, str] | None:
+    """The queue, state and id of the item file at ``path`` (one of ``item_file``'s
+    paths); None for any other file."""
+    directory, name = os.path.split(path)
+    queue_dir, state_name = os.path.split(directory)
+    if state_name not in _DIRECTORY.values() or not name.endswith(SUFFIX):
+        return None
+    item_id = name[: -len(SUFFIX)]
+    if ID_PATTERN.fullmatch(item_id) is None:
+        return None
+    return os.path.basename(queue_dir), State(state_name), item_id
+
+
 class StateStore:
     """Reads and writes item files under one root."""
 
@@ -294,6 +312,12 @@ class StateStore:
         self._measuring = threading.Lock()
         self.sys = Syscalls()
         self._queue_paths: dict[str, str] = {}
+        # The items whose files a flush failed to make durable after their group committed
+        # (item id -> queue): written again as new files before this process changes
+        # anything else (``engine.runner``; ``FileBatch.rewrite``).
+        self.unflushed: dict[str, str] = {}
+        self.unflushed_lock = threading.Lock()
+        self.unflushed_said: set[str] = set()  # those whose file no longer read whole, logged
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -673,12 +697,11 @@ class StateStore:
 
     def _moved(self, path: str) -> str | None:
         """Where the item file written at ``path`` is now (``locate``), if it is anywhere."""
-        directory, name = os.path.split(path)
-        queue_dir, state_name = os.path.split(directory)
-        if state_name not in _DIRECTORY.values() or not name.endswith(SUFFIX):
+        item = item_of(path)
+        if item is None:
             return None  # not an item's file (a list of files to remove)
-        queue, item_id = os.path.basename(queue_dir), name[: -len(SUFFIX)]
-        found = self.locate(queue, item_id, State(state_name))
+        queue, state, item_id = item
+        found = self.locate(queue, item_id, state)
         return None if found is None else self.item_file(queue, found, item_id)
 
     def one_file_flush(self) -> str:
@@ -858,6 +881,55 @@ class FileBatch:
         if patch is not None:
             self.written.add(target)
 
+    def rewrite(self, queue: str, item_id: str) -> bool | None:
+        """Write the item's file again as a new file holding the same bytes, its data
+        flushed, then renamed over it, wherever it is: True; False when it is nowhere; None
+        when it no longer reads whole (its pages left the cache after their write failed,
+        and the disk's zeros or an older copy are read now): left as it is, for repair.
+
+        For a file a failed flush left: the kernel may have marked its pages written when
+        their write failed (a flush of it then succeeds and writes nothing), and a
+        filesystem without a journal may have dropped its inode's and directory's changes
+        likewise; a new file's are written afresh (``tests/integration/test_flush_fails.py``).
+        Nothing to undo: the bytes are the same; a crash before the rename leaves the old
+        file (and a temporary, which repair removes), after it the new one, whole."""
+        state = self.store.locate(queue, item_id, State.PENDING)
+        if state is None:
+            return False
+        path = self.store.item_file(queue, state, item_id)
+        directory = path.rpartition("/")[0]
+        try:
+            data = self.store.sys.read(path)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise StoreWriteFailed(f"could not read an item file: {why(exc)}") from exc
+        try:
+            _record, whole = decode(data, name=os.path.basename(path))
+        except StoreError:
+            return None
+        if whole != len(data):
+            return None
+        tmp = f"{directory}/.{item_id}.{secrets.token_hex(4)}{TMP_SUFFIX}"
+        try:
+            self.store.sys.create(tmp, data)
+            try:
+                # Its data durable before it takes the name: a power cut after the rename
+                # must not find an empty new file where a durable one was (an item the
+                # failed group only moved, posted and acknowledged long before).
+                if self.store.fsync:
+                    self.store.sys.fsync(tmp)
+                self.store.sys.rename(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    self.store.sys.unlink(tmp)
+                raise
+        except OSError as exc:
+            raise StoreWriteFailed(f"could not write an item file again: {why(exc)}") from exc
+        self.written.add(path)
+        self.directories.add(directory)
+        return True
+
     def remove(self, queue: str, item_id: str, state: State) -> None:
         """Remove the item's file (looked for in ``state`` first) when ``apply_unlinks``
         runs: a removal cannot be undone, so it waits until the group can no longer fail."""
@@ -921,6 +993,23 @@ class FileBatch:
 
     def flush(self) -> None:
         self.store.barrier(self.written, self.directories)
+
+    def remember_unflushed(self) -> None:
+        """This batch's flush failed after its group committed: every item whose file it
+        made, changed or moved is to be written again (``StateStore.unflushed``)."""
+        found: dict[str, str] = {}
+        for _kind, path, _other, item_id in self.undo:
+            item = item_of(path) if item_id is not None else None
+            if item is not None:
+                found[item[2]] = item[0]
+        if found:
+            with self.store.unflushed_lock:
+                self.store.unflushed.update(found)
+            log.error(
+                "%d items' files may not be durable: nothing else is changed until they are "
+                "written again, once the state root takes writes",
+                len(found),
+            )
 
 
 def write_queue_settings(store: StateStore, queue: str, settings: dict[str, Any]) -> None:

@@ -47,7 +47,7 @@ from typing import Any
 from django.db import Error as DbError
 from django.db import InterfaceError, OperationalError, connection
 
-from ..errors import OutcomeUnknown, StoreWriteFailed
+from ..errors import OutcomeUnknown, StoreError, StoreWriteFailed
 from ..osthread import name_os_thread
 from . import admission
 from . import rows as sql
@@ -82,6 +82,7 @@ class Unsettled:
     # database not answer; then it is asked again later).
     put_back: Callable[[], None]
     flush: Callable[[], None]  # makes its files durable (it committed: they are its rows')
+    unflushed: Callable[[], None]  # its flush failed: its items' files to be written again
     # Its news, as its commit would have sent it (posts claimable, verdicts for long-polls).
     announce: Callable[[], None]
 
@@ -194,8 +195,9 @@ def _settled(group: Unsettled) -> bool:
         log.warning("transaction %d committed (its answers were lost)", xid)
         try:
             group.flush()  # never flushed: its group stopped at the unknown outcome
-        except OSError as exc:
+        except (OSError, StoreError) as exc:
             log.error("transaction %d committed; its files could not be flushed: %s", xid, exc)
+            group.unflushed()  # written again before anything else is changed (``runner``)
         group.announce()  # (logs its own errors): a worker waiting on its queue, say
     else:
         items = group.items

@@ -74,6 +74,7 @@ from .ops import (
     Resettle,
     Restart,
     Result,
+    Rewrite,
     Sweep,
     Verdict,
 )
@@ -148,6 +149,8 @@ class Group:
         self.found: dict[str, RowStamp] = {}
         # The items it made under an id every attempt makes the same (a schedule's slot's).
         self.reused: set[str] = set()
+        # The items of its ``Rewrite``: their files written again, or gone.
+        self.rewritten: set[str] = set()
 
     # -- running ------------------------------------------------------------------------
 
@@ -393,6 +396,7 @@ class Group:
             # (the next one quarantines a leftover; repair finds it).
             put_back=partial(self.put_back_files, or_unlocked=False, spare=self.reused),
             flush=self.files.flush,
+            unflushed=self.files.remember_unflushed,
             announce=self._announce,
         )
 
@@ -535,6 +539,8 @@ class Group:
             return self.mark_fetched(op)
         if isinstance(op, Cancel):
             return self.cancel(op)
+        if isinstance(op, Rewrite):
+            return self.rewrite(op)
         if isinstance(op, Progress):
             return self.progress(op)
         raise TypeError(f"unknown operation {op!r}")
@@ -596,6 +602,33 @@ class Group:
         row = self._found(op.item_id)
         self._apply(row, rules.cancel(row, reason=op.reason, at=self.at))
         return row
+
+    def rewrite(self, op: Rewrite) -> int:
+        written = 0
+        for item_id in op.ids:
+            row = self._row(item_id)
+            done = None if row is None else self.files.rewrite(row.queue_name, item_id)
+            if done is None and row is not None:
+                # Not to be made durable as it reads now: the process keeps refusing
+                # changes until repair has dealt with it (quarantined, its row dropped).
+                if item_id not in self.store.unflushed_said:
+                    self.store.unflushed_said.add(item_id)
+                    log.error(
+                        "item %s: its file, which a failed flush left, no longer reads "
+                        "whole; nothing is changed until `manage.py sweep --repair` has "
+                        "dealt with it",
+                        item_id,
+                    )
+                continue
+            if done is False:
+                log.error(
+                    "item %s: its file, which a failed flush left, is gone; its row stays "
+                    "for `manage.py sweep --repair`",
+                    item_id,
+                )
+            written += bool(done)
+            self.rewritten.add(item_id)  # (or its row gone since: nothing left to keep)
+        return written
 
     def requeue_held(self, op: Requeue) -> Verdict:
         row = self._row(op.item_id)

@@ -244,6 +244,13 @@ class Restart(OneItemOp[ItemRow]):
 
 
 @dataclass(eq=False)
+class Rewrite(ItemsOp[int]):
+    """The committer's own: write the files of ``ids`` again as new files, which a flush
+    failed to make durable after their group committed (``runner``: nothing else is
+    changed until it succeeds). Answers how many it wrote; an item gone since needs none."""
+
+
+@dataclass(eq=False)
 class MarkFetched(OneItemOp[datetime | None]):
     """A producer read a terminal item: its ``fetched`` retention clock starts."""
 

@@ -46,7 +46,18 @@ from ..osthread import name_os_thread
 from . import giveback, pacing, reclaim
 from .common import store
 from .group import Group
-from .ops import Claim, Extend, MarkFetched, Op, Post, Progress, Reclaim, Release, Resettle
+from .ops import (
+    Claim,
+    Extend,
+    MarkFetched,
+    Op,
+    Post,
+    Progress,
+    Reclaim,
+    Release,
+    Resettle,
+    Rewrite,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +65,10 @@ MAX_GROUP_ITEMS = 2000
 IDLE_SECONDS = 0.5  # idle this long: write out the metrics counted so far
 IDLE_CLOSE_ROUNDS = 4  # idle this many times over: give the database connection back
 COUNT_SHARDS = 16
+# While files a failed flush left are not written again, they are tried again at most this
+# often (at the next group, or while idle); every other group is refused meanwhile.
+REWRITE_EVERY_SECONDS = 1.0
+REWRITE_CHUNK = 256  # items written again in one group
 
 
 # Operations answered at the commit: they need nothing durable (a claim may be repeated
@@ -90,6 +105,9 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
     if taken is not None:
         log.error("%s", taken.message)
         _fail_all(ops, taken)
+        return
+    if not isinstance(ops[0], Rewrite) and not _unflushed_written_again(shard):
+        _fail_all(ops, StoreWriteFailed(UNFLUSHED_MESSAGE))
         return
     for attempt in range(3):
         group = Group(ops, store(), shard)
@@ -144,6 +162,7 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
             return
         outcomes = group.outcomes()
         if not group.needs_flush:
+            _forget_unflushed(group)  # (a rewrite that found its items gone)
             answer(outcomes)
             return
         now = [isinstance(op, ANSWERED_AT_COMMIT) or not ok for op, ok, _value in outcomes]
@@ -154,8 +173,10 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
         try:
             group.files.flush()
         except TaskhosterError as exc:
-            after_flush = _flush_failed(after_flush, exc)
+            after_flush = _flush_failed(after_flush, exc, quiet=isinstance(ops[0], Rewrite))
+            group.files.remember_unflushed()
         else:
+            _forget_unflushed(group)
             if group.files.deferred:
                 reclaim.later(group.files.deferred)
         answer(after_flush)
@@ -163,14 +184,65 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
 
 
 def _flush_failed(
-    outcomes: list[tuple[Op[Any], bool, Any]], exc: TaskhosterError
+    outcomes: list[tuple[Op[Any], bool, Any]], exc: TaskhosterError, *, quiet: bool = False
 ) -> list[tuple[Op[Any], bool, Any]]:
-    """The files could not be made durable: nothing that needed them is acknowledged."""
-    log.error("could not flush a group's files: %s", exc.message)
+    """The files could not be made durable: nothing that needed them is acknowledged.
+    ``quiet``: a rewrite's (tried every second while the disk fails: said once, above)."""
+    (log.debug if quiet else log.error)("could not flush a group's files: %s", exc.message)
     return [
         o if isinstance(o[0], ANSWERED_AT_COMMIT) or not o[1] else (o[0], False, exc)
         for o in outcomes
     ]
+
+
+# A flush that fails after its group committed (an I/O error: a thin pool or a network
+# filesystem out of room, a failing disk) leaves rows whose files may never reach the disk:
+# Linux may mark the pages whose write failed as written, so the next flush of the same
+# file succeeds without writing them, and a filesystem without a journal may drop the
+# inode's and the directory's changes likewise. PostgreSQL stops in this place. Here the
+# process changes nothing more (every group answered 503 ``store_error``, at once: nothing
+# acknowledged, not even a post sent again with its key, whose row the failed group left)
+# until those items' files are written again as new files and flushed
+# (``FileBatch.rewrite``), tried at the next group and while idle, at most every
+# ``REWRITE_EVERY_SECONDS``. Per process: another process sharing the root does not know
+# (docs/architecture.md, known limits).
+UNFLUSHED_MESSAGE = (
+    "the state root failed to make files durable; nothing is changed until they are "
+    "written again: try again later"
+)
+_rewrite_tried = 0.0  # (time.monotonic) of the last try
+
+
+def _forget_unflushed(group: Group) -> None:
+    if group.rewritten:
+        st = group.store
+        with st.unflushed_lock:
+            for item_id in group.rewritten:
+                st.unflushed.pop(item_id, None)
+            left = len(st.unflushed)
+        if not left:
+            log.warning("the files a failed flush left are written again and durable")
+
+
+def _unflushed_written_again(shard: int) -> bool:
+    """Whether no file a failed flush left waits to be written again: when some do, one
+    try (at most every ``REWRITE_EVERY_SECONDS``) to write them again first."""
+    global _rewrite_tried
+    st = store()
+    if not st.unflushed:
+        return True
+    if time.monotonic() - _rewrite_tried < REWRITE_EVERY_SECONDS:
+        return False
+    _rewrite_tried = time.monotonic()
+    with st.unflushed_lock:
+        ids = sorted(st.unflushed)
+    for at in range(0, len(ids), REWRITE_CHUNK):  # (each chunk's rows locked for its own)
+        rewrite = Rewrite(tuple(ids[at : at + REWRITE_CHUNK]))
+        rewrite.background = True
+        run_group([rewrite], shard)
+        if any(i in st.unflushed for i in rewrite.ids if i not in st.unflushed_said):
+            break  # the disk still refuses: the rest at the next try
+    return not st.unflushed
 
 
 def _one_by_one(ops: list[Op[Any]], shard: int) -> None:
@@ -335,6 +407,8 @@ class Committer:
                     return
                 idle += 1
                 try:
+                    if store().unflushed:
+                        _unflushed_written_again(self.shard)
                     metrics.maybe_flush(force=True)
                     if idle >= IDLE_CLOSE_ROUNDS:
                         # Give the connection back (a pool, or a test database to drop),

@@ -1,0 +1,145 @@
+"""A flush that fails after its group committed: the disk beneath the state root refuses
+the write-back itself (a thin pool or a network filesystem out of room, a failing disk),
+not the ``write``: Linux marks the pages whose write failed as written, so the same file's
+next flush succeeds and writes nothing, and an ext4 without a journal drops the inode's
+changes too. A server that went on after such a flush answered a post sent again with its
+key 200 from the row the failed group left, and the file behind it held zeros once the
+filesystem was mounted again (what a power cut then leaves).
+
+The disk is real: an ext4 without a journal, ``errors=continue`` (it stays writable, as a
+thin pool's or a network filesystem's does), on a loop device whose image lives on a small
+tmpfs; filling that tmpfs makes every new block the ext4 writes fail, emptying it gives
+room again. After the server stops, the ext4 is unmounted and mounted again, which drops
+the page cache: what is read then is what reached the disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .consistency import assert_index_matches_directories
+from .test_overload import small_filesystem, wait_for
+from .test_state_root_comes_back import fill, serving
+
+pytestmark = pytest.mark.slow
+
+# Bigger than the few blocks the ext4 freed before the disk filled (a probe's file), which
+# it would write into again without the disk refusing them.
+BIG = "x" * 200_000
+
+
+def mount_image(image: Path, root: Path) -> None:
+    done = subprocess.run(
+        ["mount", "-o", "loop,errors=continue", str(image), str(root)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a loop device here: {done.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def disk_that_fails_its_writes(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
+    """(the state root: an ext4 on a loop device; the tmpfs under its image; the image)."""
+    with small_filesystem(tmp_path / "backing", "48m") as backing:
+        image = backing / "disk.img"
+        with open(image, "wb") as handle:  # sparse: its blocks take room as the ext4 writes them
+            handle.truncate(128 << 20)
+        subprocess.run(
+            ["mkfs.ext4", "-q", "-F", "-O", "^has_journal", str(image)],
+            check=True,
+            capture_output=True,
+        )
+        root = tmp_path / "root"
+        root.mkdir()
+        mount_image(image, root)
+        try:
+            yield root, backing, image
+        finally:
+            subprocess.run(["umount", "-l", str(root)], check=False)
+
+
+def payload_on_disk(root: Path, image: Path, item_id: str) -> object:
+    """The item's first line's payload as the disk holds it (the ext4 mounted again)."""
+    os.sync()
+    subprocess.run(["umount", str(root)], check=True)
+    subprocess.run(["mount", "-o", "loop,errors=continue", str(image), str(root)], check=True)
+    files = list(root.glob(f"q/*/{item_id}.json"))
+    assert len(files) == 1, files
+    data = files[0].read_bytes()
+    if not data.strip(b"\0"):
+        pytest.fail(f"{files[0].name}: {len(data)} bytes, all zero")
+    return json.loads(data.splitlines()[0])["payload"]
+
+
+def test_a_post_whose_flush_failed_is_acknowledged_only_once_its_file_is_on_disk(
+    tmp_path, transactional_db, make_key
+):
+    with disk_that_fails_its_writes(tmp_path) as (root, backing, image):
+        with serving(root, make_key(), TASKHOSTER_FLUSH="fsync") as (_server, http):
+            assert http.put("/api/queues/q", json={}).status_code == 201
+            first = http.post("/api/queues/q/items", json={"payload": "before"})
+            assert first.status_code == 201, first.text
+
+            filler = fill(backing)  # the disk refuses every new block from now on
+            body = {"payload": {"kept": BIG}, "key": "k1"}
+            refused = http.post("/api/queues/q/items", json=body)
+            assert refused.status_code == 503, refused.text[:300]
+            assert refused.json()["error"]["code"] == "store_error", refused.text
+            assert refused.headers["Retry-After"]
+            # While its file is not on disk, nothing is acknowledged: not the same post sent
+            # again (its row stands), not another.
+            again = http.post("/api/queues/q/items", json=body)
+            assert again.status_code == 503, again.text[:300]
+            other = http.post("/api/queues/q/items", json={"payload": "meanwhile"})
+            assert other.status_code == 503, other.text
+            assert "written again" in other.json()["error"]["message"], other.text
+
+            filler.unlink()  # room again
+            answered: list[int] = []
+
+            def acknowledged() -> bool:
+                answer = http.post("/api/queues/q/items", json=body)
+                answered.append(answer.status_code)
+                return answer.status_code in (200, 201)
+
+            wait_for(acknowledged, 15, "the post sent again to be acknowledged")
+            assert answered[-1] == 200, answered  # the item the failed group left
+            kept = http.post("/api/queues/q/items", json=body).json()["id"]
+            after = http.post("/api/queues/q/items", json={"payload": "after"})
+            assert after.status_code == 201, after.text
+        assert payload_on_disk(root, image, kept) == {"kept": BIG}
+        assert payload_on_disk(root, image, first.json()["id"]) == "before"
+        assert payload_on_disk(root, image, after.json()["id"]) == "after"
+        assert_index_matches_directories(root)
+
+
+def test_files_a_failed_flush_left_are_written_again_with_nothing_else_asked(
+    tmp_path, transactional_db, make_key
+):
+    # Once the disk has room, an idle server writes the files again by itself: a power cut
+    # then finds them, though nobody posted anything since.
+    with disk_that_fails_its_writes(tmp_path) as (root, backing, image):
+        with serving(root, make_key(), TASKHOSTER_FLUSH="fsync") as (server, http):
+            assert http.put("/api/queues/q", json={}).status_code == 201
+            filler = fill(backing)
+            body = {"payload": {"lone": BIG}, "key": "k2"}
+            refused = http.post("/api/queues/q/items", json=body)
+            assert refused.status_code == 503, refused.text[:300]
+            filler.unlink()
+            wait_for(
+                lambda: "written again and durable" in server.log.read_text(),
+                15,
+                "the server to write the files again by itself",
+            )
+            # Its id read, not asked for by a change (which would write the file again too).
+            listed = http.get("/api/queues/q/items").json()["items"]
+            assert [i["key"] for i in listed] == ["k2"], [i["key"] for i in listed]
+        assert payload_on_disk(root, image, listed[0]["id"]) == {"lone": BIG}
