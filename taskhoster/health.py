@@ -141,6 +141,13 @@ def state_root() -> dict[str, Any]:
             problems.append(
                 f"{free[1]} inodes free, below MIN_FREE_INODES ({conf.min_free_inodes})"
             )
+    unflushed = engine.unflushed_items()
+    if unflushed:
+        answer["unflushedItems"] = unflushed
+        problems.append(
+            f"a flush failed: {unflushed} items' files wait to be written again, and "
+            "nothing is changed until they are"
+        )
     answer["reachable"] = not problems
     if problems:
         answer["error"] = "; ".join(problems)

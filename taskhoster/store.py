@@ -318,6 +318,9 @@ class StateStore:
         self.unflushed: dict[str, str] = {}
         self.unflushed_lock = threading.Lock()
         self.unflushed_said: set[str] = set()  # those whose file no longer read whole, logged
+        # Told how many there are whenever that changes (a committer process tells its
+        # server, whose /healthz says so).
+        self.on_unflushed: Callable[[int], None] | None = None
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -654,6 +657,30 @@ class StateStore:
 
     def batch(self) -> FileBatch:
         return FileBatch(self)
+
+    def add_unflushed(self, items: dict[str, str]) -> None:
+        """Items (id -> queue) whose files a failed flush left (``FileBatch.rewrite``)."""
+        with self.unflushed_lock:
+            self.unflushed.update(items)
+            left = len(self.unflushed)
+        self._tell_unflushed(left)
+
+    def forget_unflushed(self, ids: Collection[str]) -> int:
+        """Those of ``ids`` are written again (or gone): how many are left."""
+        with self.unflushed_lock:
+            for item_id in ids:
+                self.unflushed.pop(item_id, None)
+                self.unflushed_said.discard(item_id)
+            left = len(self.unflushed)
+        self._tell_unflushed(left)
+        return left
+
+    def _tell_unflushed(self, left: int) -> None:
+        if self.on_unflushed is not None:
+            try:
+                self.on_unflushed(left)
+            except Exception:  # (a server gone: nothing to tell)
+                log.exception("could not say how many files wait to be written again")
 
     def barrier(self, written: set[str], directories: set[str]) -> None:
         """Make every write, rename and unlink made so far durable (fsync on)."""
@@ -1003,8 +1030,7 @@ class FileBatch:
             if item is not None:
                 found[item[2]] = item[0]
         if found:
-            with self.store.unflushed_lock:
-                self.store.unflushed.update(found)
+            self.store.add_unflushed(found)
             log.error(
                 "%d items' files may not be durable: nothing else is changed until they are "
                 "written again, once the state root takes writes",

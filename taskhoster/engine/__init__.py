@@ -8,6 +8,7 @@ files; a single call is a group of one.
 
 from .admission import backlog, overloaded
 from .admission import starting as committer_starting
+from .admission import unflushed as unflushed_items
 from .clocks import SweepReport, sweep
 from .committer import (
     execute,
@@ -210,6 +211,7 @@ __all__ = [
     "thread_members",
     "thread_position",
     "time_out_if_aged",
+    "unflushed_items",
     "upsert_queue",
     "validate_queue_name",
     "validate_schedule_name",

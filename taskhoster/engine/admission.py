@@ -41,6 +41,10 @@ class Committer(Protocol):
         """Whether it is still starting: made, not yet able to take a group (a committer
         process importing Django)."""
 
+    def unflushed(self) -> int:
+        """The items whose files a failed flush left and are not written again yet (it
+        changes nothing meanwhile: ``runner``)."""
+
 
 _current: Committer | None = None
 
@@ -65,6 +69,12 @@ def backlog() -> tuple[int, float]:
         return 0, 0.0
     items, age = found.backlog()
     return int(items), float(age)
+
+
+def unflushed() -> int:
+    """``Committer.unflushed`` of this process's committer (0 without one)."""
+    found = current()
+    return 0 if found is None else found.unflushed()
 
 
 def starting() -> bool:

@@ -12,7 +12,9 @@ its own; the server process hands it operations and takes back answers and news:
 - committer to server: ``("answers", [(wire_id, ok, value), ...])`` after each group's flush
   (a claim's at its commit), and ``("news", [...])`` at each commit, which the server
   delivers to its sockets' dispatcher and its long-polls (the committer also publishes it
-  to the other processes, in the server's name, so the server does not hear it twice).
+  to the other processes, in the server's name, so the server does not hear it twice), and
+  ``("unflushed", n)`` whenever the number of items whose files a failed flush left changes
+  (``runner``: the server's /healthz says so).
 
 Frames are pickles with a length before them, over the child's stdin and stdout; a reader
 takes every frame that has arrived with one read. In the child that reader is the committer
@@ -52,6 +54,7 @@ from ..errors import StoreError, TaskhosterError
 from ..faults import fault, slow_seconds
 from ..osthread import name_os_thread
 from . import admission, runner
+from .common import store
 from .ops import Op
 
 log = logging.getLogger(__name__)
@@ -167,6 +170,9 @@ class ChildCommitter:
         # A committer started at first use, or again after one died, waits for no readiness:
         # the process was ready before it, and its work waits for it.
         self.gates_readiness = False
+        # What the running committer process last said of the files a failed flush left
+        # (``Committer.unflushed``).
+        self.unflushed_count = 0
         self.pid = os.getpid()
         self.closing = False
         atexit.register(self.close)
@@ -284,6 +290,9 @@ class ChildCommitter:
             return items, 0.0
         return items, max(0.0, time.monotonic() - max(oldest, since))
 
+    def unflushed(self) -> int:
+        return self.unflushed_count
+
     def starting(self) -> bool:
         """The first committer process this process started ahead of any work (``start``)
         runs and has not said it is ready (for at most START_SECONDS)."""
@@ -391,6 +400,8 @@ class ChildCommitter:
                         runner.answer(outcomes)
                     elif kind == "news":
                         events.deliver(body)
+                    elif kind == "unflushed":
+                        self.unflushed_count = int(body)
                     elif kind == "ready":
                         with self.cond:
                             if self.proc is proc:
@@ -405,6 +416,7 @@ class ChildCommitter:
             if self.proc is proc:
                 self.proc = None
                 self.ready_at = None
+                self.unflushed_count = 0  # (what it knew died with it: known limits)
             lost, self.pending = self.pending, {}
             self.pending_items = 0
         with contextlib.suppress(OSError):
@@ -540,6 +552,7 @@ def run_child() -> None:
 
     runner.answer_hook = answers
     events.forward = lambda news: send("news", list(news))
+    store().on_unflushed = lambda left: send("unflushed", left)
     committer = PipeCommitter(reader)
     admission.register(committer)  # this process's committer (``foreground_waiting``)
     if fault("committer.slow_start"):  # tests: a start as slow as on a loaded machine

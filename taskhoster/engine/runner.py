@@ -214,14 +214,8 @@ _rewrite_tried = 0.0  # (time.monotonic) of the last try
 
 
 def _forget_unflushed(group: Group) -> None:
-    if group.rewritten:
-        st = group.store
-        with st.unflushed_lock:
-            for item_id in group.rewritten:
-                st.unflushed.pop(item_id, None)
-            left = len(st.unflushed)
-        if not left:
-            log.warning("the files a failed flush left are written again and durable")
+    if group.rewritten and not group.store.forget_unflushed(group.rewritten):
+        log.warning("the files a failed flush left are written again and durable")
 
 
 def _unflushed_written_again(shard: int) -> bool:
@@ -355,6 +349,9 @@ class Committer:
     def starting(self) -> bool:
         """A thread is ready as soon as it is made."""
         return False
+
+    def unflushed(self) -> int:
+        return len(store().unflushed)
 
     def waiting(self) -> int:
         """Operations handed in and not yet taken into a group."""

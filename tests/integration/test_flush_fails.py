@@ -26,7 +26,7 @@ import pytest
 
 from .consistency import assert_index_matches_directories
 from .test_overload import small_filesystem, wait_for
-from .test_state_root_comes_back import fill, serving
+from .test_state_root_comes_back import fill, ready, serving
 
 pytestmark = pytest.mark.slow
 
@@ -101,6 +101,11 @@ def test_a_post_whose_flush_failed_is_acknowledged_only_once_its_file_is_on_disk
             other = http.post("/api/queues/q/items", json={"payload": "meanwhile"})
             assert other.status_code == 503, other.text
             assert "written again" in other.json()["error"]["message"], other.text
+            # /healthz says so (its own probe, a small write never flushed, succeeds).
+            wait_for(lambda: not ready(http), 15, "/healthz to say the process refuses changes")
+            health = http.get("/healthz").json()["stateRoot"]
+            assert health["unflushedItems"] == 1, health
+            assert "a flush failed" in health["error"], health
 
             filler.unlink()  # room again
             answered: list[int] = []
@@ -112,6 +117,7 @@ def test_a_post_whose_flush_failed_is_acknowledged_only_once_its_file_is_on_disk
 
             wait_for(acknowledged, 15, "the post sent again to be acknowledged")
             assert answered[-1] == 200, answered  # the item the failed group left
+            wait_for(lambda: ready(http), 15, "/healthz to say the process takes changes")
             kept = http.post("/api/queues/q/items", json=body).json()["id"]
             after = http.post("/api/queues/q/items", json={"payload": "after"})
             assert after.status_code == 201, after.text
