@@ -15,18 +15,23 @@ the page cache: what is read then is what reached the disk.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from taskhoster.store import decode
 
 from .consistency import assert_index_matches_directories
 from .test_overload import small_filesystem, wait_for
 from .test_state_root_comes_back import fill, ready, serving
+from .wsclient import connect, recv, send, subscribe
 
 pytestmark = pytest.mark.slow
 
@@ -149,3 +154,60 @@ def test_files_a_failed_flush_left_are_written_again_with_nothing_else_asked(
             listed = http.get("/api/queues/q/items").json()["items"]
             assert [i["key"] for i in listed] == ["k2"], [i["key"] for i in listed]
         assert payload_on_disk(root, image, listed[0]["id"]) == {"lone": BIG}
+
+
+def test_a_result_whose_flush_failed_is_on_disk_before_anything_more_is_acknowledged(
+    tmp_path, transactional_db, make_key
+):
+    # A worker's result appends to a file posted and acknowledged long before, and moves it
+    # to done/. Its flush failing, the worker hears ``unavailable`` and sends it again;
+    # nothing is answered until the file is written again, and then the disk holds the
+    # result. (The answer to the result sent again is ``accepted: false``: the first one,
+    # whose flush failed, committed and won.)
+    key = make_key()
+    with disk_that_fails_its_writes(tmp_path) as (root, backing, image):
+        with serving(root, key, TASKHOSTER_FLUSH="fsync") as (server, http):
+            assert http.put("/api/queues/q", json={"leaseSeconds": 300}).status_code == 201
+            posted = http.post("/api/queues/q/items", json={"payload": "to finish"})
+            assert posted.status_code == 201, posted.text
+            item_id = posted.json()["id"]
+            result = {"done": BIG}
+
+            async def run() -> list[dict[str, Any]]:
+                ws = await connect(server, key)
+                try:
+                    await subscribe(ws, ["q"], 1)
+                    assert (await recv(ws))["id"] == item_id
+                    filler = fill(backing)
+                    await send(ws, {"type": "result", "id": item_id, "result": result})
+                    refused = await recv(ws, 15)
+                    assert (refused["type"], refused.get("code")) == ("error", "unavailable")
+                    await send(ws, {"type": "result", "id": item_id, "result": result})
+                    again = await recv(ws, 15)
+                    assert (again["type"], again.get("code")) == ("error", "unavailable")
+                    filler.unlink()
+                    answers = []
+                    for _attempt in range(30):
+                        await asyncio.sleep(0.5)
+                        await send(ws, {"type": "result", "id": item_id, "result": result})
+                        answers.append(await recv(ws, 15))
+                        if answers[-1]["type"] == "ack":
+                            return answers
+                    return answers
+                finally:
+                    await ws.close()
+
+            answers = asyncio.run(run())
+            assert answers[-1]["type"] == "ack", [(a["type"], a.get("code")) for a in answers]
+            assert answers[-1]["accepted"] is False, answers[-1]
+            item = http.get(f"/api/items/{item_id}").json()
+            assert (item["status"], item["result"] == result) == ("finished", True), item["status"]
+        files = list(root.glob(f"q/*/{item_id}.json"))
+        assert [f.parent.name for f in files] == ["done"], files
+        os.sync()
+        subprocess.run(["umount", str(root)], check=True)
+        subprocess.run(["mount", "-o", "loop,errors=continue", str(image), str(root)], check=True)
+        files = list(root.glob(f"q/*/{item_id}.json"))
+        assert [f.parent.name for f in files] == ["done"], files
+        record, _end = decode(files[0].read_bytes(), name=files[0].name)
+        assert (record["payload"], record.get("result") == result) == ("to finish", True)
