@@ -660,10 +660,9 @@ class StateStore:
 
     def add_unflushed(self, items: dict[str, str]) -> None:
         """Items (id -> queue) whose files a failed flush left (``FileBatch.rewrite``)."""
-        with self.unflushed_lock:
+        with self.unflushed_lock:  # (told under it: two threads' numbers never cross)
             self.unflushed.update(items)
-            left = len(self.unflushed)
-        self._tell_unflushed(left)
+            self._tell_unflushed(len(self.unflushed))
 
     def forget_unflushed(self, ids: Collection[str]) -> int:
         """Those of ``ids`` are written again (or gone): how many are left."""
@@ -672,7 +671,7 @@ class StateStore:
                 self.unflushed.pop(item_id, None)
                 self.unflushed_said.discard(item_id)
             left = len(self.unflushed)
-        self._tell_unflushed(left)
+            self._tell_unflushed(left)
         return left
 
     def _tell_unflushed(self, left: int) -> None:
@@ -908,11 +907,12 @@ class FileBatch:
         if patch is not None:
             self.written.add(target)
 
-    def rewrite(self, queue: str, item_id: str) -> bool | None:
+    def rewrite(self, queue: str, item_id: str, first: State) -> bool | None:
         """Write the item's file again as a new file holding the same bytes, its data
-        flushed, then renamed over it, wherever it is: True; False when it is nowhere; None
-        when it no longer reads whole (its pages left the cache after their write failed,
-        and the disk's zeros or an older copy are read now): left as it is, for repair.
+        flushed, then renamed over it, wherever it is (looked for in ``first``, its row's
+        state, first): True; False when it is nowhere; None when it cannot be read, or no
+        longer reads whole (its pages left the cache after their write failed, and the
+        disk's zeros or an older copy are read now): left as it is, for repair.
 
         For a file a failed flush left: the kernel may have marked its pages written when
         their write failed (a flush of it then succeeds and writes nothing), and a
@@ -920,7 +920,7 @@ class FileBatch:
         likewise; a new file's are written afresh (``tests/integration/test_flush_fails.py``).
         Nothing to undo: the bytes are the same; a crash before the rename leaves the old
         file (and a temporary, which repair removes), after it the new one, whole."""
-        state = self.store.locate(queue, item_id, State.PENDING)
+        state = self.store.locate(queue, item_id, first)
         if state is None:
             return False
         path = self.store.item_file(queue, state, item_id)
@@ -930,7 +930,8 @@ class FileBatch:
         except FileNotFoundError:
             return False
         except OSError as exc:
-            raise StoreWriteFailed(f"could not read an item file: {why(exc)}") from exc
+            log.warning("could not read item %s's file to write it again: %s", item_id, why(exc))
+            return None
         try:
             _record, whole = decode(data, name=os.path.basename(path))
         except StoreError:

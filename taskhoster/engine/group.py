@@ -607,16 +607,20 @@ class Group:
         written = 0
         for item_id in op.ids:
             row = self._row(item_id)
-            done = None if row is None else self.files.rewrite(row.queue_name, item_id)
+            done = (
+                None
+                if row is None
+                else self.files.rewrite(row.queue_name, item_id, row.status.state)
+            )
             if done is None and row is not None:
                 # Not to be made durable as it reads now: the process keeps refusing
-                # changes until repair has dealt with it (quarantined, its row dropped).
+                # changes until it reads whole, or repair has dealt with it.
                 if item_id not in self.store.unflushed_said:
                     self.store.unflushed_said.add(item_id)
                     log.error(
-                        "item %s: its file, which a failed flush left, no longer reads "
-                        "whole; nothing is changed until `manage.py sweep --repair` has "
-                        "dealt with it",
+                        "item %s: its file, which a failed flush left, cannot be read whole; "
+                        "nothing is changed until it can, or `manage.py sweep --repair` "
+                        "has dealt with it",
                         item_id,
                     )
                 continue

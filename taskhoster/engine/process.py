@@ -291,7 +291,8 @@ class ChildCommitter:
         return items, max(0.0, time.monotonic() - max(oldest, since))
 
     def unflushed(self) -> int:
-        return self.unflushed_count
+        # (and this process's own: a group run in an embedding caller's transaction)
+        return self.unflushed_count + len(store().unflushed)
 
     def starting(self) -> bool:
         """The first committer process this process started ahead of any work (``start``)
@@ -416,6 +417,12 @@ class ChildCommitter:
             if self.proc is proc:
                 self.proc = None
                 self.ready_at = None
+                if self.unflushed_count:
+                    log.error(
+                        "the committer process stopped with %d items' files that a failed "
+                        "flush left not written again: run `manage.py sweep --repair`",
+                        self.unflushed_count,
+                    )
                 self.unflushed_count = 0  # (what it knew died with it: known limits)
             lost, self.pending = self.pending, {}
             self.pending_items = 0

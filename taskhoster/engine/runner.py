@@ -69,6 +69,9 @@ COUNT_SHARDS = 16
 # often (at the next group, or while idle); every other group is refused meanwhile.
 REWRITE_EVERY_SECONDS = 1.0
 REWRITE_CHUNK = 256  # items written again in one group
+# Not refused meanwhile: the rewrite itself, and a producer's first read of a finished item
+# (a clock started in its row: no file).
+PASS_THE_GATE = (Rewrite, MarkFetched)
 
 
 # Operations answered at the commit: they need nothing durable (a claim may be repeated
@@ -106,7 +109,7 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
         log.error("%s", taken.message)
         _fail_all(ops, taken)
         return
-    if not isinstance(ops[0], Rewrite) and not _unflushed_written_again(shard):
+    if not all(isinstance(op, PASS_THE_GATE) for op in ops) and not _unflushed_written_again(shard):
         _fail_all(ops, StoreWriteFailed(UNFLUSHED_MESSAGE))
         return
     for attempt in range(3):
@@ -215,7 +218,7 @@ _rewrite_tried = 0.0  # (time.monotonic) of the last try
 
 def _forget_unflushed(group: Group) -> None:
     if group.rewritten and not group.store.forget_unflushed(group.rewritten):
-        log.warning("the files a failed flush left are written again and durable")
+        log.warning("the files a failed flush left are written again and durable (or gone)")
 
 
 def _unflushed_written_again(shard: int) -> bool:
