@@ -312,10 +312,10 @@ class StateStore:
         self._measuring = threading.Lock()
         self.sys = Syscalls()
         self._queue_paths: dict[str, str] = {}
-        # The items whose files a flush failed to make durable after their group committed
-        # (item id -> queue): written again as new files before this process changes
-        # anything else (``engine.runner``; ``FileBatch.rewrite``).
-        self.unflushed: dict[str, str] = {}
+        # The items whose files a flush failed to make durable after their group committed:
+        # written again as new files before this process changes anything else
+        # (``engine.runner``; ``FileBatch.rewrite``).
+        self.unflushed: set[str] = set()
         self.unflushed_lock = threading.Lock()
         self.unflushed_said: set[str] = set()  # those whose file no longer read whole, logged
         # Told how many there are whenever that changes (a committer process tells its
@@ -658,18 +658,34 @@ class StateStore:
     def batch(self) -> FileBatch:
         return FileBatch(self)
 
-    def add_unflushed(self, items: dict[str, str]) -> None:
-        """Items (id -> queue) whose files a failed flush left (``FileBatch.rewrite``)."""
+    def replace(self, path: str, data: bytes) -> None:
+        """Put ``data`` at ``path`` whole or not at all: written as a temporary beside it,
+        its data flushed (fsync on) before it takes the name, so that a power cut finds the
+        old file or the new one, whole (a temporary left, repair removes). The directory is
+        the caller's to flush. ``OSError`` if the state root refuses it."""
+        directory, name = path.rpartition("/")[::2]
+        tmp = f"{directory}/.{name.removesuffix(SUFFIX)}.{secrets.token_hex(4)}{TMP_SUFFIX}"
+        self.sys.create(tmp, data)
+        try:
+            if self.fsync:
+                self.sys.fsync(tmp)
+            self.sys.rename(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.sys.unlink(tmp)
+            raise
+
+    def add_unflushed(self, ids: Collection[str]) -> None:
+        """Items whose files a failed flush left (``FileBatch.rewrite``)."""
         with self.unflushed_lock:  # (told under it: two threads' numbers never cross)
-            self.unflushed.update(items)
+            self.unflushed.update(ids)
             self._tell_unflushed(len(self.unflushed))
 
     def forget_unflushed(self, ids: Collection[str]) -> int:
         """Those of ``ids`` are written again (or gone): how many are left."""
         with self.unflushed_lock:
-            for item_id in ids:
-                self.unflushed.pop(item_id, None)
-                self.unflushed_said.discard(item_id)
+            self.unflushed.difference_update(ids)
+            self.unflushed_said.difference_update(ids)
             left = len(self.unflushed)
             self._tell_unflushed(left)
         return left
@@ -938,20 +954,11 @@ class FileBatch:
             return None
         if whole != len(data):
             return None
-        tmp = f"{directory}/.{item_id}.{secrets.token_hex(4)}{TMP_SUFFIX}"
         try:
-            self.store.sys.create(tmp, data)
-            try:
-                # Its data durable before it takes the name: a power cut after the rename
-                # must not find an empty new file where a durable one was (an item the
-                # failed group only moved, posted and acknowledged long before).
-                if self.store.fsync:
-                    self.store.sys.fsync(tmp)
-                self.store.sys.rename(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    self.store.sys.unlink(tmp)
-                raise
+            # Its data durable before it takes the name: a power cut after the rename must
+            # not find an empty new file where a durable one was (an item the failed group
+            # only moved, posted and acknowledged long before).
+            self.store.replace(path, data)
         except OSError as exc:
             raise StoreWriteFailed(f"could not write an item file again: {why(exc)}") from exc
         self.written.add(path)
@@ -1025,11 +1032,11 @@ class FileBatch:
     def remember_unflushed(self) -> None:
         """This batch's flush failed after its group committed: every item whose file it
         made, changed or moved is to be written again (``StateStore.unflushed``)."""
-        found: dict[str, str] = {}
-        for _kind, path, _other, item_id in self.undo:
-            item = item_of(path) if item_id is not None else None
-            if item is not None:
-                found[item[2]] = item[0]
+        found = {
+            item[2]
+            for _kind, path, _other, item_id in self.undo
+            if item_id is not None and (item := item_of(path)) is not None
+        }
         if found:
             self.store.add_unflushed(found)
             log.error(
@@ -1070,19 +1077,9 @@ def _write_queue_file(store: StateStore, queue: str, name: str, value: Any) -> N
     flushed, renamed into place, the directory flushed. ``StoreWriteFailed`` if the state
     root refuses it (the caller's transaction fails with it: 503, not 500)."""
     path = store.queue_dir(queue) / name
-    stem = name.removesuffix(".json")
-    tmp = str(path.with_name(f".{stem}.{secrets.token_hex(4)}{TMP_SUFFIX}"))
     try:
         store.ensure_queue(queue)
-        store.sys.create(tmp, json.dumps(value, sort_keys=True).encode())
-        try:
-            if store.fsync:
-                store.sys.fsync(tmp)
-            store.sys.rename(tmp, str(path))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                store.sys.unlink(tmp)
-            raise
+        store.replace(str(path), json.dumps(value, sort_keys=True).encode())
         if store.fsync:
             store.sys.fsync(str(path.parent))
     except OSError as exc:
