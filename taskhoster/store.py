@@ -366,7 +366,10 @@ class StateStore:
 
     def make_dirs(self, paths: list[Path]) -> None:
         """Make each missing directory (parents first, in order), then, with fsync on, flush
-        the directories that gained an entry."""
+        each new directory itself (its own block: on a filesystem without a journal, its
+        parent's flush does not write it, and a power cut left an entry naming a directory
+        that cannot be read) and the directories that gained an entry."""
+        made: list[str] = []
         parents: set[str] = set()
         for path in paths:
             if path.is_dir():
@@ -377,10 +380,11 @@ class StateStore:
             # parent yet: flushed here either way before anything is written into it.
             with contextlib.suppress(FileExistsError):
                 self.sys.mkdir(str(path))
+            made.append(str(path))
             parents.add(str(path.parent))
         if self.fsync:
-            for parent in sorted(parents):
-                self.sys.fsync(parent)
+            for directory in [*made, *sorted(parents - set(made))]:
+                self.sys.fsync(directory)
 
     # -- reading -------------------------------------------------------------------------
 
