@@ -122,6 +122,21 @@ class StoreWriteFailed(StoreError):
     as after ``OutcomeUnknown``. A socket's frame hears ``unavailable`` (send it again)."""
 
 
+class NotYetDurable(StoreWriteFailed):
+    """An item's file was left by a flush that failed after its group committed (in this
+    process or another: ``Item.unflushed``), and is not yet written again: nothing about it
+    is changed or acknowledged meanwhile. Refuses its operation alone, not its group."""
+
+    def __init__(self, message: str = "", **kwargs: Any) -> None:
+        super().__init__(message or NOT_YET_DURABLE, **kwargs)
+
+
+NOT_YET_DURABLE = (
+    "the state root failed to make files durable; nothing is changed until they are "
+    "written again: try again later"
+)
+
+
 class OutcomeUnknown(StoreError):
     """The database connection was lost during the commit and the database could not be
     asked, in time, whether it committed: nothing is acknowledged, the state directories are

@@ -159,6 +159,12 @@ class Item(models.Model):
     claimed_by = models.CharField(max_length=200, null=True, blank=True)
     progress = models.JSONField(null=True, blank=True)
     cancel_reason = models.CharField(max_length=500, null=True, blank=True)
+    # Its file was made, changed or moved by a group whose flush failed after it committed,
+    # and is not yet written again: every process refuses to change or acknowledge the item
+    # meanwhile, and the one that meets it writes the file again (``engine/runner.py``).
+    # NULL for no: a nullable column without a default is added to a big table in place
+    # (SQLite copies the whole table to add a NOT NULL one).
+    unflushed = models.BooleanField(null=True, default=None)
 
     class Meta:
         indexes = [
@@ -198,6 +204,8 @@ class Item(models.Model):
                 condition=Q(status__in=["finished", "failed"], fetched_at__isnull=False),
                 name="item_retain_fetched",
             ),
+            # The few rows a failed flush left (a process starting looks for them).
+            models.Index(fields=["id"], condition=Q(unflushed=True), name="item_unflushed"),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -314,7 +314,8 @@ class StateStore:
         self._queue_paths: dict[str, str] = {}
         # The items whose files a flush failed to make durable after their group committed:
         # written again as new files before this process changes anything else
-        # (``engine.runner``; ``FileBatch.rewrite``).
+        # (``engine.runner``; ``FileBatch.rewrite``); their rows are marked too, for the
+        # other processes (``Item.unflushed``), and those met marked are taken up here.
         self.unflushed: set[str] = set()
         self.unflushed_lock = threading.Lock()
         self.unflushed_said: set[str] = set()  # those whose file no longer read whole, logged

@@ -141,6 +141,11 @@ class Claims:
                     raise ClaimedTwice(f"claim: item {row.id} was found twice in one group")
                 self.looked_at.add(row.id)
                 seen.append(row.id)
+                if row.unflushed:
+                    # Its file is not yet durable (``Item.unflushed``): not handed out; this
+                    # process takes it up, to write it again before anything else.
+                    self.store.add_unflushed([row.id])
+                    continue
                 row.queue_name = queue.name
                 if seconds and seconds[0].priority > row.priority:
                     self._take_all(queue, seconds, taken, want)  # before a lower priority

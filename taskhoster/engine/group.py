@@ -39,6 +39,7 @@ from ..errors import (
     Conflict,
     ItemNotFound,
     KeyRefused,
+    NotYetDurable,
     OutcomeUnknown,
     QueueNotFound,
     StoreWriteFailed,
@@ -93,6 +94,11 @@ from .rules import (
     ThreadState,
 )
 from .tally import Tally
+
+# Not refused while an item's file waits to be written again (``Item.unflushed``): the
+# rewrite itself, and a producer's first read of a finished item (a clock started in its
+# row: no file).
+PASS_THE_GATE = (Rewrite, MarkFetched)
 
 log = logging.getLogger(__name__)
 
@@ -412,6 +418,8 @@ class Group:
         commit without it."""
         try:
             self.answers[id(op)] = (True, _as_of_now(fn(*args)))
+        except NotYetDurable as exc:  # (refused before it changed anything)
+            self.answers[id(op)] = (False, exc)
         except StoreWriteFailed:
             raise
         except TaskhosterError as exc:
@@ -519,6 +527,8 @@ class Group:
     # -- item operations ------------------------------------------------------------------
 
     def _item_op(self, op: ItemOp[Any]) -> Any:
+        if not isinstance(op, PASS_THE_GATE):
+            self._refuse_unflushed(self.rows.get(i) for i in op.item_ids())
         if isinstance(op, Result):
             return self.result(op)
         if isinstance(op, Fail):
@@ -544,6 +554,15 @@ class Group:
         if isinstance(op, Progress):
             return self.progress(op)
         raise TypeError(f"unknown operation {op!r}")
+
+    def _refuse_unflushed(self, rows: Iterable[ItemRow | None]) -> None:
+        """Refuse the operation (``NotYetDurable``) if one of its ``rows`` is marked
+        ``unflushed`` (by this process or another): this process takes their files up, to
+        write them again before it changes anything else (``runner``)."""
+        met = [row.id for row in rows if row is not None and row.unflushed]
+        if met:
+            self.store.add_unflushed(met)
+            raise NotYetDurable()
 
     def _row(self, item_id: str) -> ItemRow | None:
         row = self.rows.get(item_id)
@@ -830,6 +849,8 @@ class Group:
         existing = sql.existing_keys(
             queue.id, [k for k in keys if (queue.id, k) not in self.keys_seen]
         )
+        # A post sent again whose item's file is not yet durable is not acknowledged.
+        self._refuse_unflushed(existing.values())
         answers: list[Posted] = []
         made_here: dict[str, Posted] = {}
         for item, row, line in zip(op.items, op.rows, op.lines, strict=True):

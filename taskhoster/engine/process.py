@@ -420,10 +420,11 @@ class ChildCommitter:
                 if self.unflushed_count:
                     log.error(
                         "the committer process stopped with %d items' files that a failed "
-                        "flush left not written again: run `manage.py sweep --repair`",
+                        "flush left not written again: their rows are marked, and the next "
+                        "committer to start writes them again first",
                         self.unflushed_count,
                     )
-                self.unflushed_count = 0  # (what it knew died with it: known limits)
+                self.unflushed_count = 0
             lost, self.pending = self.pending, {}
             self.pending_items = 0
         with contextlib.suppress(OSError):

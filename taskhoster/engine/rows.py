@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -59,6 +59,7 @@ COLUMNS = (
     "claimed_by",
     "progress",
     "cancel_reason",
+    "unflushed",
 )
 JSON_COLUMNS = frozenset({"origin", "progress"})
 TIME_COLUMNS = frozenset(
@@ -453,6 +454,7 @@ def _row(values: Sequence[Any], queue_name: str = "") -> ItemRow:
         claimed_by,
         progress,
         cancel_reason,
+        unflushed,
     ) = values
     return ItemRow(
         id=item_id,
@@ -479,6 +481,7 @@ def _row(values: Sequence[Any], queue_name: str = "") -> ItemRow:
         claimed_by=claimed_by,
         progress=read_json(progress),
         cancel_reason=cancel_reason,
+        unflushed=bool(unflushed),
         queue_name=queue_name,
     )
 
@@ -935,6 +938,24 @@ def delete_rows(ids: Sequence[str]) -> None:
         for chunk in _chunks(list(ids)):
             condition, params = _among(chunk)
             cursor.execute(f"DELETE FROM {ITEM} WHERE id{condition}", params)
+
+
+def mark_unflushed(ids: Collection[str], unflushed: bool) -> None:
+    """Set (or clear) ``unflushed`` of the rows of ``ids`` (``Item.unflushed``): statements of
+    their own, outside any group's transaction."""
+    with _cursor() as cursor:
+        for chunk in _chunks(sorted(ids)):
+            condition, params = _among(chunk)
+            cursor.execute(
+                f"UPDATE {ITEM} SET unflushed = %s WHERE id{condition}", [unflushed, *params]
+            )
+
+
+def unflushed_rows(limit: int) -> list[str]:
+    """Up to ``limit`` ids of the rows marked ``unflushed`` (by their partial index)."""
+    with _cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {ITEM} WHERE unflushed ORDER BY id LIMIT %s", [limit])
+        return [item_id for (item_id,) in cursor.fetchall()]
 
 
 def delete_rows_of_queue(queue_id: int, ids: Sequence[str]) -> list[Status]:

@@ -95,6 +95,7 @@ class ItemRow:
     claimed_by: str | None = None
     progress: Any = None
     cancel_reason: str | None = None
+    unflushed: bool = False  # its file left by a failed flush (``Item.unflushed``)
     queue_name: str = ""
     dirty: set[str] = field(default_factory=set)
 

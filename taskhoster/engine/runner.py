@@ -40,12 +40,19 @@ from django.db import DatabaseError, IntegrityError, OperationalError, connectio
 
 from .. import events, identity, metrics
 from ..conf import get_conf
-from ..errors import OutcomeUnknown, StoreError, StoreWriteFailed, TaskhosterError
+from ..errors import (
+    NotYetDurable,
+    OutcomeUnknown,
+    StoreError,
+    StoreWriteFailed,
+    TaskhosterError,
+)
 from ..faults import GATHER, fault, slow_seconds
 from ..osthread import name_os_thread
 from . import giveback, pacing, reclaim
+from . import rows as sql
 from .common import store
-from .group import Group
+from .group import PASS_THE_GATE, Group
 from .ops import (
     Claim,
     Extend,
@@ -69,9 +76,7 @@ COUNT_SHARDS = 16
 # often (at the next group, or while idle); every other group is refused meanwhile.
 REWRITE_EVERY_SECONDS = 1.0
 REWRITE_CHUNK = 256  # items written again in one group
-# Not refused meanwhile: the rewrite itself, and a producer's first read of a finished item
-# (a clock started in its row: no file).
-PASS_THE_GATE = (Rewrite, MarkFetched)
+ADOPT_MOST = 10_000  # rows marked ``unflushed`` a committer takes up when it starts
 
 
 # Operations answered at the commit: they need nothing durable (a claim may be repeated
@@ -114,7 +119,7 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
         and not all(isinstance(op, PASS_THE_GATE) for op in ops)
         and not _unflushed_written_again(shard)
     ):
-        _fail_all(ops, StoreWriteFailed(UNFLUSHED_MESSAGE))
+        _fail_all(ops, NotYetDurable())
         return
     for attempt in range(3):
         group = Group(ops, store(), shard)
@@ -182,6 +187,7 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
         except TaskhosterError as exc:
             after_flush = _flush_failed(after_flush, exc, quiet=isinstance(ops[0], Rewrite))
             group.files.remember_unflushed()
+            _mark_unflushed()  # before the answers: another process refuses them too
         else:
             _forget_unflushed(group)
             if group.files.deferred:
@@ -211,18 +217,56 @@ def _flush_failed(
 # acknowledged, not even a post sent again with its key, whose row the failed group left)
 # until those items' files are written again as new files and flushed
 # (``FileBatch.rewrite``), tried at the next group and while idle, at most every
-# ``REWRITE_EVERY_SECONDS``. Per process: another process sharing the root does not know
-# (docs/architecture.md, known limits).
-UNFLUSHED_MESSAGE = (
-    "the state root failed to make files durable; nothing is changed until they are "
-    "written again: try again later"
-)
+# ``REWRITE_EVERY_SECONDS``. Their rows are marked ``unflushed`` meanwhile (``Item``), so
+# that every other process sharing the root refuses to change or acknowledge them too
+# (``Group._refuse_unflushed``), takes them up and writes them again itself: the process
+# that failed may be gone (a committer found them when it starts, too).
 _rewrite_tried = 0.0  # (time.monotonic) of the last try
 
 
+def _mark_unflushed() -> None:
+    """Mark the rows of the files this process waits to write again ``unflushed``, for the
+    other processes to see: at once after a failed flush, and again at each try (a mark
+    the database did not take then, or one a rewrite elsewhere cleared meanwhile)."""
+    st = store()
+    with st.unflushed_lock:
+        ids = sorted(st.unflushed)
+    if not ids or connection.in_atomic_block:  # (in a caller's transaction: not its to add)
+        return
+    try:
+        sql.mark_unflushed(ids, True)
+    except DatabaseError as exc:
+        log.warning("could not mark %d items as waiting for their files: %s", len(ids), exc)
+
+
 def _forget_unflushed(group: Group) -> None:
-    if group.rewritten and not group.store.forget_unflushed(group.rewritten):
+    """After a rewrite's flush (or finding its items gone): those items wait no more."""
+    if not group.rewritten:
+        return
+    try:
+        # (Should this fail, the rows stay marked, and are written again once more.)
+        sql.mark_unflushed(group.rewritten, False)
+    except DatabaseError as exc:
+        log.warning("could not clear %d items' unflushed mark: %s", len(group.rewritten), exc)
+    if not group.store.forget_unflushed(group.rewritten):
         log.warning("the files a failed flush left are written again and durable (or gone)")
+
+
+def adopt_unflushed() -> None:
+    """Take up the rows marked ``unflushed`` (their files left by a failed flush, here or in
+    another process, perhaps one gone since): written again before anything else is
+    changed. When a committer starts; a row met later is taken up where it is met."""
+    try:
+        ids = sql.unflushed_rows(ADOPT_MOST)
+    except DatabaseError as exc:
+        log.debug("could not look for items waiting for their files: %s", exc)
+        return
+    if ids:
+        log.warning(
+            "%d items' files, left by a flush that failed, are to be written again first",
+            len(ids),
+        )
+        store().add_unflushed(ids)
 
 
 def _unflushed_written_again(shard: int) -> bool:
@@ -235,6 +279,7 @@ def _unflushed_written_again(shard: int) -> bool:
     if time.monotonic() - _rewrite_tried < REWRITE_EVERY_SECONDS:
         return False
     _rewrite_tried = time.monotonic()
+    _mark_unflushed()
     with st.unflushed_lock:
         ids = sorted(st.unflushed)
     for at in range(0, len(ids), REWRITE_CHUNK):  # (each chunk's rows locked for its own)
@@ -403,6 +448,7 @@ class Committer:
 
     def _loop(self) -> None:
         name_os_thread()
+        adopt_unflushed()
         idle = 0
         while True:
             group = self._take()

@@ -30,6 +30,7 @@ from taskhoster.store import decode
 
 from .consistency import assert_index_matches_directories
 from .test_overload import small_filesystem, wait_for
+from .test_processes import REDIS_URL, needs_shared
 from .test_state_root_comes_back import fill, ready, serving
 from .wsclient import connect, recv, send, subscribe
 
@@ -130,6 +131,91 @@ def test_a_post_whose_flush_failed_is_acknowledged_only_once_its_file_is_on_disk
         assert payload_on_disk(root, image, first.json()["id"]) == "before"
         assert payload_on_disk(root, image, after.json()["id"]) == "after"
         assert_index_matches_directories(root)
+
+
+def test_files_a_failed_flush_left_are_written_again_by_the_next_server_after_a_restart(
+    tmp_path, transactional_db, make_key
+):
+    # The server whose flush failed stops before the disk has room again (a deploy, a
+    # crash): what it waited to write again is in the database (the rows marked), so the
+    # next server on the root writes the files again, unasked, and refuses the post sent
+    # again until then. Before, the next server knew nothing of them: it answered the post
+    # sent again 200, and the disk's file held zeros.
+    key = make_key()
+    body = {"payload": {"restarted": BIG}, "key": "k3"}
+    with disk_that_fails_its_writes(tmp_path) as (root, backing, image):
+        with serving(root, key, TASKHOSTER_FLUSH="fsync") as (_server, http):
+            assert http.put("/api/queues/q", json={}).status_code == 201
+            filler = fill(backing)
+            refused = http.post("/api/queues/q/items", json=body)
+            assert refused.status_code == 503, refused.text[:300]
+        with serving(root, key, TASKHOSTER_FLUSH="fsync") as (server, http):
+            # Still no room: the next server takes them up at its start, and refuses too.
+            wait_for(lambda: not ready(http), 15, "/healthz to say the new server refuses")
+            again = http.post("/api/queues/q/items", json=body)
+            assert again.status_code == 503, again.text[:300]
+            assert "written again" in again.json()["error"]["message"], again.text
+            filler.unlink()
+            wait_for(
+                lambda: "written again and durable" in server.log.read_text(),
+                15,
+                "the new server to write the files again by itself",
+            )
+            answer = http.post("/api/queues/q/items", json=body)
+            assert answer.status_code == 200, answer.text[:300]
+            kept = answer.json()["id"]
+        assert payload_on_disk(root, image, kept) == {"restarted": BIG}
+
+
+@needs_shared
+def test_another_process_refuses_an_item_whose_file_a_failed_flush_left(
+    tmp_path, transactional_db, make_key
+):
+    # Two servers share the root (PostgreSQL + Redis). The first one's flush fails; the
+    # post sent again to the second is refused too (its row is marked), and a worker of the
+    # second is not handed the item, until a server has written the file again. Before, the
+    # second answered the post sent again 200 from the row while the disk held zeros.
+    key = make_key()
+    body = {"payload": {"shared": BIG}, "key": "k4"}
+    with disk_that_fails_its_writes(tmp_path) as (root, backing, image):
+        with (
+            serving(root, key, REDIS_URL=REDIS_URL, TASKHOSTER_FLUSH="fsync") as (_one, first),
+            serving(root, key, REDIS_URL=REDIS_URL, TASKHOSTER_FLUSH="fsync") as (
+                second_server,
+                second,
+            ),
+        ):
+            assert first.put("/api/queues/q", json={}).status_code == 201
+            filler = fill(backing)
+            refused = first.post("/api/queues/q/items", json=body)
+            assert refused.status_code == 503, refused.text[:300]
+
+            async def handed_out() -> list[Any]:
+                ws = await connect(second_server, key)
+                try:
+                    await subscribe(ws, ["q"], 1)
+                    with contextlib.suppress(TimeoutError):
+                        return [await recv(ws, 2)]
+                    return []
+                finally:
+                    await ws.close()
+
+            # The second server's claim passes the item by (and takes it up to write it).
+            assert asyncio.run(handed_out()) == []
+            again = second.post("/api/queues/q/items", json=body)
+            assert again.status_code == 503, again.text[:300]
+            assert "written again" in again.json()["error"]["message"], again.text
+            filler.unlink()
+            answered: list[int] = []
+
+            def acknowledged() -> bool:
+                answer = second.post("/api/queues/q/items", json=body)
+                answered.append(answer.status_code)
+                return answer.status_code == 200
+
+            wait_for(acknowledged, 15, "the post sent again to be acknowledged")
+            kept = second.post("/api/queues/q/items", json=body).json()["id"]
+        assert payload_on_disk(root, image, kept) == {"shared": BIG}
 
 
 def test_files_a_failed_flush_left_are_written_again_with_nothing_else_asked(

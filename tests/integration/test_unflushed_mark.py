@@ -1,0 +1,118 @@
+"""An item whose row is marked ``unflushed`` (its file left by a flush that failed after its
+group committed, in this process or another, perhaps one gone since) is neither changed nor
+acknowledged by any process until its file is written again: a post sent again with its key,
+a worker's result and a claim all pass it by, and the process that meets it writes the file
+again (a new file, renamed over) and clears the mark.
+
+Here the mark is what another process's failed flush leaves in the database, set on the row;
+the disk itself is sound, so the file is written again at once. The failing disk itself, and
+two server processes, are ``test_flush_fails.py``'s.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from taskhoster.conf import get_conf
+from taskhoster.models import Item
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _file(item_id: str) -> Path:
+    found = list(get_conf().root.glob(f"q/*/{item_id}.json"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _mark(item_id: str) -> int:
+    """Mark the row as a failed flush in another process does; the file's inode now."""
+    Item.objects.filter(id=item_id).update(unflushed=True)
+    return _file(item_id).stat().st_ino
+
+
+def _until(answer: Any, status: int, what: str) -> Any:
+    deadline = time.monotonic() + 10
+    while True:
+        got = answer()
+        if got.status_code == status or time.monotonic() > deadline:
+            assert got.status_code == status, (what, got.status_code, got.content[:300])
+            return got
+        time.sleep(0.1)
+
+
+def _refused_as_not_durable(response: Any) -> None:
+    assert response.status_code == 503, response.content[:300]
+    error = response.json()["error"]
+    assert error["code"] == "store_error", error
+    assert "written again" in error["message"], error
+    assert response["Retry-After"]
+
+
+def _written_again(item_id: str, inode: int) -> None:
+    assert Item.objects.get(id=item_id).unflushed is False
+    assert _file(item_id).stat().st_ino != inode  # a new file took the name
+
+
+def test_a_post_sent_again_whose_item_is_marked_unflushed_is_refused_until_written_again(
+    api: APIClient, make_queue: Any
+) -> None:
+    make_queue("q")
+    body = {"payload": {"keep": "me"}, "key": "k"}
+    first = api.post("/api/queues/q/items", body, format="json")
+    assert first.status_code == 201, first.content
+    item_id = first.json()["id"]
+    inode = _mark(item_id)
+    _refused_as_not_durable(api.post("/api/queues/q/items", body, format="json"))
+    again = _until(
+        lambda: api.post("/api/queues/q/items", body, format="json"), 200, "acknowledged"
+    )
+    assert again.json()["id"] == item_id
+    assert again.json()["payload"] == {"keep": "me"}
+    _written_again(item_id, inode)
+
+
+def test_a_result_for_an_item_marked_unflushed_is_refused_until_written_again(
+    api: APIClient, make_queue: Any
+) -> None:
+    make_queue("q")
+    posted = api.post("/api/queues/q/items", {"payload": 1}, format="json")
+    item_id = posted.json()["id"]
+    claimed = api.post("/api/queues/q/claim", {}, format="json").json()["items"]
+    assert [i["id"] for i in claimed] == [item_id]
+    inode = _mark(item_id)
+    result = {"result": "done"}
+    _refused_as_not_durable(api.post(f"/api/items/{item_id}/result", result, format="json"))
+    assert Item.objects.get(id=item_id).status == "processing"  # nothing changed
+    accepted = _until(
+        lambda: api.post(f"/api/items/{item_id}/result", result, format="json"), 200, "taken"
+    )
+    assert accepted.json()["accepted"] is True
+    _written_again(item_id, inode)
+    assert api.get(f"/api/items/{item_id}").json()["result"] == "done"
+
+
+def test_a_claim_passes_an_item_marked_unflushed_by_until_written_again(
+    api: APIClient, make_queue: Any
+) -> None:
+    make_queue("q")
+    posted = api.post("/api/queues/q/items", {"payload": 1}, format="json")
+    item_id = posted.json()["id"]
+    inode = _mark(item_id)
+    first = api.post("/api/queues/q/claim", {}, format="json")
+    assert first.status_code == 200, first.content[:300]
+    assert first.json()["items"] == []
+    claimed = _until(
+        lambda: api.post("/api/queues/q/claim", {}, format="json"), 200, "a claim answered"
+    )
+    deadline = time.monotonic() + 10
+    while not claimed.json()["items"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+        claimed = api.post("/api/queues/q/claim", {}, format="json")
+    assert [i["id"] for i in claimed.json()["items"]] == [item_id]
+    _written_again(item_id, inode)
