@@ -371,6 +371,7 @@ class StateStore:
         parent's flush does not write it, and a power cut left an entry naming a directory
         that cannot be read) and the directories that gained an entry."""
         made: list[str] = []
+        ours: list[str] = []  # (not another process's, a moment ago)
         parents: set[str] = set()
         for path in paths:
             if path.is_dir():
@@ -381,11 +382,21 @@ class StateStore:
             # parent yet: flushed here either way before anything is written into it.
             with contextlib.suppress(FileExistsError):
                 self.sys.mkdir(str(path))
+                ours.append(str(path))
             made.append(str(path))
             parents.add(str(path.parent))
-        if self.fsync:
+        if not self.fsync:
+            return
+        try:
             for directory in [*made, *sorted(parents - set(made))]:
                 self.sys.fsync(directory)
+        except OSError:
+            # Not durable: taken away again (empty), so that the next try makes and flushes
+            # them, rather than find them and flush nothing.
+            for directory in reversed(ours):
+                with contextlib.suppress(OSError):
+                    self.sys.rmdir(directory)
+            raise
 
     # -- reading -------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ Plain files under ``tmp_path``; no database. The store's syscalls are recorded b
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
@@ -170,6 +171,32 @@ def test_a_new_queues_directories_are_durable_before_anything_is_written_into_th
     calls(store).calls.clear()
     store.ensure_queue("q")
     assert calls(store).calls == []  # nothing new, nothing flushed
+
+
+def test_a_new_queues_directories_whose_flush_failed_are_made_and_flushed_again_next_time(
+    store: StateStore,
+) -> None:
+    """A directory made but not made durable (its flush failed) is taken away again, so that
+    the next try makes and flushes it rather than find it and flush nothing."""
+    store.root.mkdir()
+    failing = [True]
+
+    class FlushFails(Recorder):
+        def fsync(self, path: str) -> None:
+            if failing and path.endswith("/processing"):
+                raise OSError(errno.EIO, "I/O error")
+            super().fsync(path)
+
+    store.sys = FlushFails()
+    with pytest.raises(StoreError):
+        store.batch().create("q", "a1", encode_line(record("a1")))
+    assert not store.queue_dir("q").exists()
+    failing.clear()
+    calls(store).calls.clear()
+    posted(store, "q", "a1")
+    queue = str(store.queue_dir("q"))
+    flushed = {path for kind, path in calls(store).calls if kind == "fsync"}
+    assert {queue, *(f"{queue}/{state.value}" for state in State)} <= flushed
 
 
 def test_a_post_into_an_existing_id_is_refused(store: StateStore) -> None:
