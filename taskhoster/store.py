@@ -315,8 +315,12 @@ class StateStore:
         # The items whose files a flush failed to make durable after their group committed:
         # written again as new files before this process changes anything else
         # (``engine.runner``; ``FileBatch.rewrite``); their rows are marked too, for the
-        # other processes (``Item.unflushed``), and those met marked are taken up here.
+        # other processes (``Item.unflushed``).
         self.unflushed: set[str] = set()
+        # Items met marked (another process's failed flush, or one gone since): written
+        # again here too, but this process's own flushes did not fail, so it goes on with
+        # everything else meanwhile (``take_up``).
+        self.taken_up: set[str] = set()
         self.unflushed_lock = threading.Lock()
         self.unflushed_said: set[str] = set()  # those whose file no longer read whole, logged
         # Told how many there are whenever that changes (a committer process tells its
@@ -697,10 +701,17 @@ class StateStore:
             self.unflushed.update(ids)
             self._tell_unflushed(len(self.unflushed))
 
+    def take_up(self, ids: Collection[str]) -> None:
+        """Items met marked ``unflushed``: to be written again here too (``taken_up``)."""
+        with self.unflushed_lock:
+            self.taken_up.update(i for i in ids if i not in self.unflushed)
+
     def forget_unflushed(self, ids: Collection[str]) -> int:
-        """Those of ``ids`` are written again (or gone): how many are left."""
+        """Those of ``ids`` are written again (or gone): how many are left (of this
+        process's own)."""
         with self.unflushed_lock:
             self.unflushed.difference_update(ids)
+            self.taken_up.difference_update(ids)
             self.unflushed_said.difference_update(ids)
             left = len(self.unflushed)
             self._tell_unflushed(left)
@@ -939,12 +950,13 @@ class FileBatch:
         if patch is not None:
             self.written.add(target)
 
-    def rewrite(self, queue: str, item_id: str, first: State) -> bool | None:
+    def rewrite(self, queue: str, item_id: str, first: State, rev: int) -> bool | None:
         """Write the item's file again as a new file holding the same bytes, its data
         flushed, then renamed over it, wherever it is (looked for in ``first``, its row's
-        state, first): True; False when it is nowhere; None when it cannot be read, or no
+        state, first): True; False when it is nowhere; None when it cannot be read, no
         longer reads whole (its pages left the cache after their write failed, and the
-        disk's zeros or an older copy are read now): left as it is, for repair.
+        disk's zeros are read now), or is not at the row's ``rev`` (an older copy is read
+        now): left as it is, for repair.
 
         For a file a failed flush left: the kernel may have marked its pages written when
         their write failed (a flush of it then succeeds and writes nothing), and a
@@ -965,10 +977,10 @@ class FileBatch:
             log.warning("could not read item %s's file to write it again: %s", item_id, why(exc))
             return None
         try:
-            _record, whole = decode(data, name=os.path.basename(path))
+            record, whole = decode(data, name=os.path.basename(path))
         except StoreError:
             return None
-        if whole != len(data):
+        if whole != len(data) or int(record.get("rev", 0)) != rev:
             return None
         try:
             # Its data durable before it takes the name: a power cut after the rename must

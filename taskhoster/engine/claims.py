@@ -144,7 +144,7 @@ class Claims:
                 if row.unflushed:
                     # Its file is not yet durable (``Item.unflushed``): not handed out; this
                     # process takes it up, to write it again before anything else.
-                    self.store.add_unflushed([row.id])
+                    self.store.take_up([row.id])
                     continue
                 row.queue_name = queue.name
                 if seconds and seconds[0].priority > row.priority:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import suppress
 from datetime import datetime
 from functools import partial
@@ -155,8 +155,10 @@ class Group:
         self.found: dict[str, RowStamp] = {}
         # The items it made under an id every attempt makes the same (a schedule's slot's).
         self.reused: set[str] = set()
-        # The items of its ``Rewrite``: their files written again, or gone.
+        # The items of its ``Rewrite``: their files written again, or gone; the queues of
+        # those of them a claim may take.
         self.rewritten: set[str] = set()
+        self.rewritten_queues: set[str] = set()
 
     # -- running ------------------------------------------------------------------------
 
@@ -527,8 +529,8 @@ class Group:
     # -- item operations ------------------------------------------------------------------
 
     def _item_op(self, op: ItemOp[Any]) -> Any:
-        if not isinstance(op, PASS_THE_GATE):
-            self._refuse_unflushed(self.rows.get(i) for i in op.item_ids())
+        if not isinstance(op, (*PASS_THE_GATE, Sweep, Delete)):  # (those two: ``_marked``)
+            self._refuse_unflushed(self._visible(op))
         if isinstance(op, Result):
             return self.result(op)
         if isinstance(op, Fail):
@@ -542,7 +544,10 @@ class Group:
         if isinstance(op, Sweep):
             return self.sweep(op)
         if isinstance(op, Delete):
-            return sum(self.delete(i, op.queue_id) for i in op.ids)
+            marked = self._marked(op.ids)
+            if marked and len(op.ids) == 1:
+                raise NotYetDurable()  # (one asked for: refused; of many, left for later)
+            return sum(self.delete(i, op.queue_id) for i in op.ids if i not in marked)
         if isinstance(op, Restart):
             return self.restart(op)
         if isinstance(op, MarkFetched):
@@ -557,12 +562,32 @@ class Group:
 
     def _refuse_unflushed(self, rows: Iterable[ItemRow | None]) -> None:
         """Refuse the operation (``NotYetDurable``) if one of its ``rows`` is marked
-        ``unflushed`` (by this process or another): this process takes their files up, to
-        write them again before it changes anything else (``runner``)."""
+        ``unflushed`` (by this process or another): this process takes them up, to write
+        their files again too (``StateStore.take_up``)."""
         met = [row.id for row in rows if row is not None and row.unflushed]
         if met:
-            self.store.add_unflushed(met)
+            self.store.take_up(met)
             raise NotYetDurable()
+
+    def _marked(self, ids: Iterable[str]) -> set[str]:
+        """Those of ``ids`` whose rows are marked ``unflushed``, taken up; an operation on
+        many items (a sweep's, a retention's) leaves them for later."""
+        met = {i for i in ids if (row := self.rows.get(i)) is not None and row.unflushed}
+        if met:
+            self.store.take_up(met)
+        return met
+
+    def _visible(self, op: ItemOp[Any]) -> Iterator[ItemRow]:
+        """The rows of ``op``'s items as it may see them: not those it would not find (an
+        item of a queue being deleted, or of one the caller's key may not use), which it
+        answers 404 as before, revealing nothing."""
+        for item_id in op.item_ids():
+            row = self._row(item_id)
+            if row is None:
+                continue
+            if isinstance(op, Result) and op.queues is not None and row.queue_name not in op.queues:
+                continue
+            yield row
 
     def _row(self, item_id: str) -> ItemRow | None:
         row = self.rows.get(item_id)
@@ -626,10 +651,13 @@ class Group:
         written = 0
         for item_id in op.ids:
             row = self._row(item_id)
+            if row is not None and not row.unflushed and item_id not in self.store.unflushed:
+                self.rewritten.add(item_id)  # taken up, and written again elsewhere since
+                continue
             done = (
                 None
                 if row is None
-                else self.files.rewrite(row.queue_name, item_id, row.status.state)
+                else self.files.rewrite(row.queue_name, item_id, row.status.state, row.rev)
             )
             if done is None and row is not None:
                 # Not to be made durable as it reads now: the process keeps refusing
@@ -651,6 +679,10 @@ class Group:
                 )
             written += bool(done)
             self.rewritten.add(item_id)  # (or its row gone since: nothing left to keep)
+            if row is not None and row.eligible:
+                # A claim may have passed it by while it was marked: the waiting workers
+                # look again once the mark is cleared (``runner``), not at this commit.
+                self.rewritten_queues.add(row.queue_name)
         return written
 
     def requeue_held(self, op: Requeue) -> Verdict:
@@ -671,9 +703,10 @@ class Group:
 
     def sweep(self, op: Sweep) -> int:
         changed = 0
+        marked = self._marked(op.ids)
         for item_id in op.ids:
             row = self._row(item_id)
-            if row is None:
+            if row is None or item_id in marked:
                 continue
             decision = rules.clock(op.clock, row, self._queue(row), at=op.at)
             if isinstance(decision, Keep):

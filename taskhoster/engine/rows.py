@@ -942,12 +942,15 @@ def delete_rows(ids: Sequence[str]) -> None:
 
 def mark_unflushed(ids: Collection[str], unflushed: bool) -> None:
     """Set (or clear) ``unflushed`` of the rows of ``ids`` (``Item.unflushed``): statements of
-    their own, outside any group's transaction."""
+    their own, outside any group's transaction. A row already so is not written again (a
+    mark set once a second while a disk fails leaves no dead row versions)."""
+    unlike = "(unflushed IS NULL OR NOT unflushed)" if unflushed else "unflushed"
     with _cursor() as cursor:
         for chunk in _chunks(sorted(ids)):
             condition, params = _among(chunk)
             cursor.execute(
-                f"UPDATE {ITEM} SET unflushed = %s WHERE id{condition}", [unflushed, *params]
+                f"UPDATE {ITEM} SET unflushed = %s WHERE {unlike} AND id{condition}",
+                [unflushed, *params],
             )
 
 

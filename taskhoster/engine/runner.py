@@ -76,7 +76,8 @@ COUNT_SHARDS = 16
 # often (at the next group, or while idle); every other group is refused meanwhile.
 REWRITE_EVERY_SECONDS = 1.0
 REWRITE_CHUNK = 256  # items written again in one group
-ADOPT_MOST = 10_000  # rows marked ``unflushed`` a committer takes up when it starts
+ADOPT_MOST = 10_000  # rows marked ``unflushed`` a committer takes up at a time
+ADOPT_EVERY_SECONDS = 30.0  # while idle, it looks for them this often
 
 
 # Operations answered at the commit: they need nothing durable (a claim may be repeated
@@ -114,10 +115,14 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
         log.error("%s", taken.message)
         _fail_all(ops, taken)
         return
+    st = store()
+    # (Nearly always both empty: two looks.) Files taken up are written again too, but only
+    # this process's own failed flushes hold everything else back.
     if (
-        store().unflushed  # (nearly always empty: one look)
+        (st.unflushed or st.taken_up)
         and not all(isinstance(op, PASS_THE_GATE) for op in ops)
         and not _unflushed_written_again(shard)
+        and st.unflushed
     ):
         _fail_all(ops, NotYetDurable())
         return
@@ -187,6 +192,8 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
         except TaskhosterError as exc:
             after_flush = _flush_failed(after_flush, exc, quiet=isinstance(ops[0], Rewrite))
             group.files.remember_unflushed()
+            if group.rewritten:  # (taken up: now this process's own flush failed on them)
+                group.store.add_unflushed(group.rewritten)
             _mark_unflushed()  # before the answers: another process refuses them too
         else:
             _forget_unflushed(group)
@@ -225,9 +232,9 @@ _rewrite_tried = 0.0  # (time.monotonic) of the last try
 
 
 def _mark_unflushed() -> None:
-    """Mark the rows of the files this process waits to write again ``unflushed``, for the
-    other processes to see: at once after a failed flush, and again at each try (a mark
-    the database did not take then, or one a rewrite elsewhere cleared meanwhile)."""
+    """Mark the rows of the files this process's own failed flushes left ``unflushed``, for
+    the other processes to see: at once after a failed flush, and again at each try (a
+    mark the database did not take then; a row already marked is not written again)."""
     st = store()
     with st.unflushed_lock:
         ids = sorted(st.unflushed)
@@ -235,60 +242,68 @@ def _mark_unflushed() -> None:
         return
     try:
         sql.mark_unflushed(ids, True)
-    except DatabaseError as exc:
+    except Exception as exc:  # (the database away too: tried again in a second)
         log.warning("could not mark %d items as waiting for their files: %s", len(ids), exc)
 
 
 def _forget_unflushed(group: Group) -> None:
-    """After a rewrite's flush (or finding its items gone): those items wait no more."""
+    """After a rewrite's flush (or finding its items gone): those items wait no more; the
+    waiting workers of their queues look again (a claim may have passed them by)."""
     if not group.rewritten:
         return
     try:
         # (Should this fail, the rows stay marked, and are written again once more.)
         sql.mark_unflushed(group.rewritten, False)
-    except DatabaseError as exc:
+    except Exception as exc:
         log.warning("could not clear %d items' unflushed mark: %s", len(group.rewritten), exc)
-    if not group.store.forget_unflushed(group.rewritten):
+    else:
+        for queue in sorted(group.rewritten_queues):
+            events.announce("claimable", queue)
+    if not group.store.forget_unflushed(group.rewritten) and not group.store.taken_up:
         log.warning("the files a failed flush left are written again and durable (or gone)")
 
 
 def adopt_unflushed() -> None:
-    """Take up the rows marked ``unflushed`` (their files left by a failed flush, here or in
-    another process, perhaps one gone since): written again before anything else is
-    changed. When a committer starts; a row met later is taken up where it is met."""
+    """Take up the rows marked ``unflushed`` (their files left by a failed flush in another
+    process, perhaps one gone since, or in this one before a restart), to write their files
+    again: when a committer starts, and every ``ADOPT_EVERY_SECONDS`` while it is idle (a
+    row met marked is taken up where it is met). Never raises."""
     try:
         ids = sql.unflushed_rows(ADOPT_MOST)
-    except DatabaseError as exc:
+    except Exception as exc:
         log.debug("could not look for items waiting for their files: %s", exc)
         return
-    if ids:
+    st = store()
+    new = [i for i in ids if i not in st.unflushed and i not in st.taken_up]
+    if new:
         log.warning(
-            "%d items' files, left by a flush that failed, are to be written again first",
-            len(ids),
+            "%d items' files, left by a flush that failed, are to be written again here",
+            len(new),
         )
-        store().add_unflushed(ids)
+        st.take_up(new)
 
 
 def _unflushed_written_again(shard: int) -> bool:
-    """Whether no file a failed flush left waits to be written again: when some do, one
-    try (at most every ``REWRITE_EVERY_SECONDS``) to write them again first."""
+    """Whether no file waits to be written again (this process's own, or taken up): when
+    some do, one try (at most every ``REWRITE_EVERY_SECONDS``) to write them again first."""
     global _rewrite_tried
     st = store()
-    if not st.unflushed:
+    if not st.unflushed and not st.taken_up:
         return True
     if time.monotonic() - _rewrite_tried < REWRITE_EVERY_SECONDS:
         return False
     _rewrite_tried = time.monotonic()
     _mark_unflushed()
     with st.unflushed_lock:
-        ids = sorted(st.unflushed)
+        ids = sorted(st.unflushed | st.taken_up)
     for at in range(0, len(ids), REWRITE_CHUNK):  # (each chunk's rows locked for its own)
         rewrite = Rewrite(tuple(ids[at : at + REWRITE_CHUNK]))
         rewrite.background = True
         run_group([rewrite], shard)
-        if any(i in st.unflushed for i in rewrite.ids if i not in st.unflushed_said):
+        waiting = st.unflushed | st.taken_up
+        if any(i in waiting for i in rewrite.ids if i not in st.unflushed_said):
             break  # the disk still refuses: the rest at the next try
-    return not st.unflushed
+    return not st.unflushed and not st.taken_up
 
 
 def _one_by_one(ops: list[Op[Any]], shard: int) -> None:
@@ -449,15 +464,19 @@ class Committer:
     def _loop(self) -> None:
         name_os_thread()
         adopt_unflushed()
+        adopted = time.monotonic()
         idle = 0
         while True:
+            if time.monotonic() - adopted >= ADOPT_EVERY_SECONDS:
+                adopt_unflushed()  # (never raises)
+                adopted = time.monotonic()
             group = self._take()
             if group is None:
                 if self._ended():
                     return
                 idle += 1
                 try:
-                    if store().unflushed:
+                    if store().unflushed or store().taken_up:
                         _unflushed_written_again(self.shard)
                     metrics.maybe_flush(force=True)
                     if idle >= IDLE_CLOSE_ROUNDS:

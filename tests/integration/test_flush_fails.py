@@ -139,8 +139,9 @@ def test_files_a_failed_flush_left_are_written_again_by_the_next_server_after_a_
     # The server whose flush failed stops before the disk has room again (a deploy, a
     # crash): what it waited to write again is in the database (the rows marked), so the
     # next server on the root writes the files again, unasked, and refuses the post sent
-    # again until then. Before, the next server knew nothing of them: it answered the post
-    # sent again 200, and the disk's file held zeros.
+    # again until then (its own flushes have not failed: it serves the rest meanwhile).
+    # Before, the next server knew nothing of them: it answered the post sent again 200,
+    # and the disk's file held zeros.
     key = make_key()
     body = {"payload": {"restarted": BIG}, "key": "k3"}
     with disk_that_fails_its_writes(tmp_path) as (root, backing, image):
@@ -150,8 +151,12 @@ def test_files_a_failed_flush_left_are_written_again_by_the_next_server_after_a_
             refused = http.post("/api/queues/q/items", json=body)
             assert refused.status_code == 503, refused.text[:300]
         with serving(root, key, TASKHOSTER_FLUSH="fsync") as (server, http):
-            # Still no room: the next server takes them up at its start, and refuses too.
-            wait_for(lambda: not ready(http), 15, "/healthz to say the new server refuses")
+            # Still no room: the next server takes them up at its start, and refuses them.
+            wait_for(
+                lambda: "are to be written again here" in server.log.read_text(),
+                15,
+                "the new server to take the marked rows up",
+            )
             again = http.post("/api/queues/q/items", json=body)
             assert again.status_code == 503, again.text[:300]
             assert "written again" in again.json()["error"]["message"], again.text

@@ -116,3 +116,33 @@ def test_a_claim_passes_an_item_marked_unflushed_by_until_written_again(
         claimed = api.post("/api/queues/q/claim", {}, format="json")
     assert [i["id"] for i in claimed.json()["items"]] == [item_id]
     _written_again(item_id, inode)
+
+
+@pytest.mark.parametrize("found", ["zeros", "an older copy"])
+def test_a_marked_file_that_does_not_read_as_its_row_says_is_left_for_repair_and_the_rest_goes_on(
+    api: APIClient, make_queue: Any, found: str
+) -> None:
+    # What the disk holds once the cache has let the file's pages go: zeros, or a whole
+    # copy from before the failed change. Neither is written again (that would make the
+    # wrong bytes durable and clear the mark); the item stays refused, for repair. This
+    # process's own flushes never failed, so everything else goes on meanwhile.
+    make_queue("q")
+    item_id = api.post("/api/queues/q/items", {"payload": 1}, format="json").json()["id"]
+    claimed = api.post("/api/queues/q/claim", {}, format="json").json()["items"]
+    assert [i["id"] for i in claimed] == [item_id]
+    before = _file(item_id).read_bytes()
+    finished = api.post(f"/api/items/{item_id}/result", {"result": "r"}, format="json")
+    assert finished.json()["accepted"] is True
+    path = _file(item_id)
+    path.write_bytes(b"\0" * path.stat().st_size if found == "zeros" else before)
+    inode = _mark(item_id)
+    _refused_as_not_durable(api.post(f"/api/items/{item_id}/restart", {}, format="json"))
+    deadline = time.monotonic() + 2.5  # past two tries to write it again
+    while time.monotonic() < deadline:
+        other = api.post("/api/queues/q/items", {"payload": 2}, format="json")
+        assert other.status_code == 201, other.content[:300]
+        time.sleep(0.2)
+    assert api.get("/healthz").status_code == 200
+    _refused_as_not_durable(api.delete(f"/api/items/{item_id}"))
+    assert Item.objects.get(id=item_id).unflushed is True
+    assert _file(item_id).stat().st_ino == inode
