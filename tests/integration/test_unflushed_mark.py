@@ -146,3 +146,21 @@ def test_a_marked_file_that_does_not_read_as_its_row_says_is_left_for_repair_and
     _refused_as_not_durable(api.delete(f"/api/items/{item_id}"))
     assert Item.objects.get(id=item_id).unflushed is True
     assert _file(item_id).stat().st_ino == inode
+
+
+def test_a_marked_item_of_a_queue_the_key_may_not_use_is_answered_as_a_missing_one(
+    api: APIClient, make_queue: Any, make_key: Any
+) -> None:
+    # A key limited to other queues hears what it hears for an item that does not exist:
+    # a 503 would tell it the item exists (and is waiting for its file).
+    make_queue("q")
+    make_queue("other")
+    item_id = api.post("/api/queues/q/items", {"payload": 1}, format="json").json()["id"]
+    assert api.post("/api/queues/q/claim", {}, format="json").json()["items"]
+    _mark(item_id)
+    limited = APIClient()
+    limited.credentials(HTTP_AUTHORIZATION=f"Token {make_key(queues=['other'])}")
+    answer = limited.post(f"/api/items/{item_id}/result", {"result": "x"}, format="json")
+    missing = limited.post("/api/items/0661f0000000000000ff/result", {"result": "x"}, format="json")
+    assert (answer.status_code, answer.json()) == (missing.status_code, missing.json())
+    assert answer.status_code != 503
