@@ -706,6 +706,13 @@ class StateStore:
         with self.unflushed_lock:
             self.taken_up.update(i for i in ids if i not in self.unflushed)
 
+    def set_aside(self, ids: Collection[str]) -> None:
+        """Items taken up whose files do not read as their rows say: not tried again until
+        a later look finds them still marked (``unflushed_said`` keeps them from being
+        said again)."""
+        with self.unflushed_lock:
+            self.taken_up.difference_update(ids)
+
     def forget_unflushed(self, ids: Collection[str]) -> int:
         """Those of ``ids`` are written again (or gone): how many are left (of this
         process's own)."""
@@ -861,6 +868,8 @@ class FileBatch:
     unlinks: list[tuple[str, str, State]] = field(default_factory=list)
     written: set[str] = field(default_factory=set)
     directories: set[str] = field(default_factory=set)
+    # Each item ``rewrite`` left as it is (None), and why.
+    not_rewritten: dict[str, str] = field(default_factory=dict)
     # Lists of files to unlink once the group is durable (see ``apply_unlinks``).
     deferred: list[str] = field(default_factory=list)
 
@@ -974,13 +983,19 @@ class FileBatch:
         except FileNotFoundError:
             return False
         except OSError as exc:
-            log.warning("could not read item %s's file to write it again: %s", item_id, why(exc))
+            self.not_rewritten[item_id] = f"it cannot be read: {why(exc)}"
             return None
         try:
             record, whole = decode(data, name=os.path.basename(path))
-        except StoreError:
+        except StoreError as exc:
+            self.not_rewritten[item_id] = f"{len(data)} bytes read, not a record: {exc}"
             return None
-        if whole != len(data) or int(record.get("rev", 0)) != rev:
+        found = record.get("rev")
+        if whole != len(data) or found != rev:
+            self.not_rewritten[item_id] = (
+                f"{len(data)} bytes read, {whole} of them whole lines, at rev {found!r} "
+                f"where its row is at {rev}"
+            )
             return None
         try:
             # Its data durable before it takes the name: a power cut after the rename must

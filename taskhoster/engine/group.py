@@ -155,10 +155,13 @@ class Group:
         self.found: dict[str, RowStamp] = {}
         # The items it made under an id every attempt makes the same (a schedule's slot's).
         self.reused: set[str] = set()
-        # The items of its ``Rewrite``: their files written again, or gone; the queues of
-        # those of them a claim may take.
+        # The items of its ``Rewrite``: their files written again (their marks cleared at
+        # its commit); those it has nothing more to do for (gone, or written again by
+        # another process since); those taken up whose files do not read as their rows
+        # say, set aside until a later look (``runner.adopt_unflushed``).
         self.rewritten: set[str] = set()
-        self.rewritten_queues: set[str] = set()
+        self.let_go: set[str] = set()
+        self.set_aside: set[str] = set()
 
     # -- running ------------------------------------------------------------------------
 
@@ -544,9 +547,9 @@ class Group:
         if isinstance(op, Sweep):
             return self.sweep(op)
         if isinstance(op, Delete):
-            marked = self._marked(op.ids)
-            if marked and len(op.ids) == 1:
-                raise NotYetDurable()  # (one asked for: refused; of many, left for later)
+            marked = self._marked(op.ids, op.queue_id)
+            if marked and op.refuse_marked:
+                raise NotYetDurable()
             return sum(self.delete(i, op.queue_id) for i in op.ids if i not in marked)
         if isinstance(op, Restart):
             return self.restart(op)
@@ -569,10 +572,17 @@ class Group:
             self.store.take_up(met)
             raise NotYetDurable()
 
-    def _marked(self, ids: Iterable[str]) -> set[str]:
-        """Those of ``ids`` whose rows are marked ``unflushed``, taken up; an operation on
-        many items (a sweep's, a retention's) leaves them for later."""
-        met = {i for i in ids if (row := self.rows.get(i)) is not None and row.unflushed}
+    def _marked(self, ids: Iterable[str], queue_id: int | None = None) -> set[str]:
+        """Those of ``ids`` (of ``queue_id`` only, when given) whose rows are marked
+        ``unflushed``, taken up; an operation on many items (a sweep's clocks, a status's
+        deletes) passes them by, and a later one finds them written again."""
+        met = {
+            i
+            for i in ids
+            if (row := self._row(i)) is not None
+            and row.unflushed
+            and (queue_id is None or row.queue_id == queue_id)
+        }
         if met:
             self.store.take_up(met)
         return met
@@ -648,28 +658,39 @@ class Group:
         return row
 
     def rewrite(self, op: Rewrite) -> int:
+        """Write the files of ``op.ids`` again (``FileBatch.rewrite``), each on its own: a
+        file the disk refuses is tried again later, the others go on. A file written again
+        has its row's mark cleared with this group's commit, under its lock (should the
+        flush then fail, ``runner`` marks it again at once)."""
         written = 0
         for item_id in op.ids:
             row = self._row(item_id)
-            if row is not None and not row.unflushed and item_id not in self.store.unflushed:
-                self.rewritten.add(item_id)  # taken up, and written again elsewhere since
+            if row is None:
+                self.let_go.add(item_id)  # (its row gone, its mark with it)
                 continue
-            done = (
-                None
-                if row is None
-                else self.files.rewrite(row.queue_name, item_id, row.status.state, row.rev)
-            )
-            if done is None and row is not None:
-                # Not to be made durable as it reads now: the process keeps refusing
-                # changes until it reads whole, or repair has dealt with it.
+            own = item_id in self.store.unflushed
+            if not row.unflushed and not own:
+                self.let_go.add(item_id)  # taken up, and written again elsewhere since
+                continue
+            try:
+                done = self.files.rewrite(row.queue_name, item_id, row.status.state, row.rev)
+            except StoreWriteFailed as exc:
+                log.debug("item %s: its file could not be written again: %s", item_id, exc)
+                continue
+            if done is None:
+                # Not to be made durable as it reads now: refused until it reads as its
+                # row says, or repair has dealt with it.
                 if item_id not in self.store.unflushed_said:
                     self.store.unflushed_said.add(item_id)
                     log.error(
-                        "item %s: its file, which a failed flush left, cannot be read whole; "
-                        "nothing is changed until it can, or `manage.py sweep --repair` "
-                        "has dealt with it",
+                        "item %s: its file, which a failed flush left, does not read as its "
+                        "row says (%s); it is refused until it does, or `manage.py sweep "
+                        "--repair` has dealt with it",
                         item_id,
+                        self.files.not_rewritten.get(item_id, "?"),
                     )
+                if not own:
+                    self.set_aside.add(item_id)
                 continue
             if done is False:
                 log.error(
@@ -677,12 +698,14 @@ class Group:
                     "for `manage.py sweep --repair`",
                     item_id,
                 )
-            written += bool(done)
-            self.rewritten.add(item_id)  # (or its row gone since: nothing left to keep)
-            if row is not None and row.eligible:
-                # A claim may have passed it by while it was marked: the waiting workers
-                # look again once the mark is cleared (``runner``), not at this commit.
-                self.rewritten_queues.add(row.queue_name)
+                row.set(unflushed=False)  # (nothing left to write)
+                self.let_go.add(item_id)
+                continue
+            written += 1
+            row.set(unflushed=False)
+            self.rewritten.add(item_id)
+            if row.eligible:
+                self.tally.claimable(row.queue_name)  # a claim may have passed it by
         return written
 
     def requeue_held(self, op: Requeue) -> Verdict:

@@ -236,6 +236,9 @@ class Delete(ItemsOp[int]):
     """Rule 9 for each id (in ``queue_id`` only, when given). Answers how many went."""
 
     queue_id: int | None = None
+    # One item asked for by name (``delete_item``): marked ``unflushed``, it is refused
+    # (503); of many (a selection, a status's items), marked ones are passed by.
+    refuse_marked: bool = False
 
 
 @dataclass(eq=False)

@@ -115,14 +115,10 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
         log.error("%s", taken.message)
         _fail_all(ops, taken)
         return
-    st = store()
-    # (Nearly always both empty: two looks.) Files taken up are written again too, but only
-    # this process's own failed flushes hold everything else back.
     if (
-        (st.unflushed or st.taken_up)
+        store().unflushed  # (nearly always empty: one look)
         and not all(isinstance(op, PASS_THE_GATE) for op in ops)
         and not _unflushed_written_again(shard)
-        and st.unflushed
     ):
         _fail_all(ops, NotYetDurable())
         return
@@ -179,7 +175,7 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
             return
         outcomes = group.outcomes()
         if not group.needs_flush:
-            _forget_unflushed(group)  # (a rewrite that found its items gone)
+            _forget_unflushed(group, flushed=True)  # (a rewrite that wrote nothing)
             answer(outcomes)
             return
         now = [isinstance(op, ANSWERED_AT_COMMIT) or not ok for op, ok, _value in outcomes]
@@ -192,11 +188,19 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
         except TaskhosterError as exc:
             after_flush = _flush_failed(after_flush, exc, quiet=isinstance(ops[0], Rewrite))
             group.files.remember_unflushed()
-            if group.rewritten:  # (taken up: now this process's own flush failed on them)
+            _forget_unflushed(group, flushed=False)
+            if group.rewritten:
+                # Their marks were cleared at the commit: this process's own now (marked
+                # again just below), taken up or not.
                 group.store.add_unflushed(group.rewritten)
+                log.error(
+                    "%d items' files written again could not be flushed: nothing else is "
+                    "changed until they are",
+                    len(group.rewritten),
+                )
             _mark_unflushed()  # before the answers: another process refuses them too
         else:
-            _forget_unflushed(group)
+            _forget_unflushed(group, flushed=True)
             if group.files.deferred:
                 reclaim.later(group.files.deferred)
         answer(after_flush)
@@ -246,28 +250,22 @@ def _mark_unflushed() -> None:
         log.warning("could not mark %d items as waiting for their files: %s", len(ids), exc)
 
 
-def _forget_unflushed(group: Group) -> None:
-    """After a rewrite's flush (or finding its items gone): those items wait no more; the
-    waiting workers of their queues look again (a claim may have passed them by)."""
-    if not group.rewritten:
-        return
-    try:
-        # (Should this fail, the rows stay marked, and are written again once more.)
-        sql.mark_unflushed(group.rewritten, False)
-    except Exception as exc:
-        log.warning("could not clear %d items' unflushed mark: %s", len(group.rewritten), exc)
-    else:
-        for queue in sorted(group.rewritten_queues):
-            events.announce("claimable", queue)
-    if not group.store.forget_unflushed(group.rewritten) and not group.store.taken_up:
+def _forget_unflushed(group: Group, *, flushed: bool) -> None:
+    """After a rewrite: the items it has nothing more to do for, and (``flushed``) those it
+    wrote again, wait no more; those it set aside wait for a later look."""
+    st = group.store
+    if group.set_aside:
+        st.set_aside(group.set_aside)
+    done = group.let_go | group.rewritten if flushed else group.let_go
+    if done and not st.forget_unflushed(done) and not st.taken_up and flushed:
         log.warning("the files a failed flush left are written again and durable (or gone)")
 
 
 def adopt_unflushed() -> None:
     """Take up the rows marked ``unflushed`` (their files left by a failed flush in another
     process, perhaps one gone since, or in this one before a restart), to write their files
-    again: when a committer starts, and every ``ADOPT_EVERY_SECONDS`` while it is idle (a
-    row met marked is taken up where it is met). Never raises."""
+    again: when a committer starts, and every ``ADOPT_EVERY_SECONDS`` (a row met marked is
+    taken up where it is met). Never raises."""
     try:
         ids = sql.unflushed_rows(ADOPT_MOST)
     except Exception as exc:
@@ -275,35 +273,47 @@ def adopt_unflushed() -> None:
         return
     st = store()
     new = [i for i in ids if i not in st.unflushed and i not in st.taken_up]
-    if new:
+    told = [i for i in new if i not in st.unflushed_said]
+    if told:
         log.warning(
             "%d items' files, left by a flush that failed, are to be written again here",
-            len(new),
+            len(told),
         )
+    if new:
         st.take_up(new)
 
 
 def _unflushed_written_again(shard: int) -> bool:
-    """Whether no file waits to be written again (this process's own, or taken up): when
-    some do, one try (at most every ``REWRITE_EVERY_SECONDS``) to write them again first."""
+    """Whether none of this process's own files wait to be written again: when some do, or
+    some were taken up, one try (at most every ``REWRITE_EVERY_SECONDS``) first. Its own,
+    all of them, chunk by chunk until the disk refuses one; of those taken up, one chunk a
+    try (a process whose flushes did not fail serves meanwhile). Not inside a caller's
+    transaction (an embedding's): its locks and its commit are not the rewrite's."""
     global _rewrite_tried
     st = store()
     if not st.unflushed and not st.taken_up:
         return True
-    if time.monotonic() - _rewrite_tried < REWRITE_EVERY_SECONDS:
-        return False
+    if connection.in_atomic_block or time.monotonic() - _rewrite_tried < REWRITE_EVERY_SECONDS:
+        return not st.unflushed
     _rewrite_tried = time.monotonic()
     _mark_unflushed()
     with st.unflushed_lock:
-        ids = sorted(st.unflushed | st.taken_up)
-    for at in range(0, len(ids), REWRITE_CHUNK):  # (each chunk's rows locked for its own)
-        rewrite = Rewrite(tuple(ids[at : at + REWRITE_CHUNK]))
-        rewrite.background = True
-        run_group([rewrite], shard)
-        waiting = st.unflushed | st.taken_up
-        if any(i in waiting for i in rewrite.ids if i not in st.unflushed_said):
+        own = sorted(st.unflushed)
+        theirs = sorted(st.taken_up - st.unflushed)[:REWRITE_CHUNK]
+    for at in range(0, len(own), REWRITE_CHUNK):  # (each chunk's rows locked for its own)
+        chunk = own[at : at + REWRITE_CHUNK]
+        _rewrite(chunk, shard)
+        if any(i in st.unflushed for i in chunk if i not in st.unflushed_said):
             break  # the disk still refuses: the rest at the next try
-    return not st.unflushed and not st.taken_up
+    if theirs:
+        _rewrite(theirs, shard)
+    return not st.unflushed
+
+
+def _rewrite(ids: list[str], shard: int) -> None:
+    rewrite = Rewrite(tuple(ids))
+    rewrite.background = True
+    run_group([rewrite], shard)
 
 
 def _one_by_one(ops: list[Op[Any]], shard: int) -> None:
@@ -470,13 +480,15 @@ class Committer:
             if time.monotonic() - adopted >= ADOPT_EVERY_SECONDS:
                 adopt_unflushed()  # (never raises)
                 adopted = time.monotonic()
+            if store().taken_up:  # (rate-limited; this process's own at the gate and idle)
+                _unflushed_written_again(self.shard)
             group = self._take()
             if group is None:
                 if self._ended():
                     return
                 idle += 1
                 try:
-                    if store().unflushed or store().taken_up:
+                    if store().unflushed:
                         _unflushed_written_again(self.shard)
                     metrics.maybe_flush(force=True)
                     if idle >= IDLE_CLOSE_ROUNDS:

@@ -163,12 +163,18 @@ def apply_clock(*, clock: Clock, item_ids: Iterable[str], at: datetime) -> int:
 
 def delete_item(*, item_id: str, queue_name: str | None = None) -> bool:
     """Rule 9: the item and its file are gone; a processing thread head is detached at once."""
-    return delete_items(item_ids=[item_id], queue_name=queue_name) == 1
+    return delete_items(item_ids=[item_id], queue_name=queue_name, one=True) == 1
 
 
-def delete_items(*, item_ids: Iterable[str], queue_name: str | None = None) -> int:
+def delete_items(
+    *, item_ids: Iterable[str], queue_name: str | None = None, one: bool = False
+) -> int:
+    """Rule 9 for each item (of ``queue_name`` only, when given): how many went. ``one``:
+    the item asked for by name, refused while its file waits to be written again (of many,
+    such an item is passed by: ``Delete.refuse_marked``)."""
     queue_id = get_live_queue(queue_name).id if queue_name is not None else None
-    return execute(Delete(ids=tuple(dict.fromkeys(item_ids)), queue_id=queue_id))
+    ids = tuple(dict.fromkeys(item_ids))
+    return execute(Delete(ids=ids, queue_id=queue_id, refuse_marked=one))
 
 
 def restart(*, item_id: str) -> ItemRow:

@@ -293,7 +293,15 @@ def test_a_result_whose_flush_failed_is_on_disk_before_anything_more_is_acknowle
                     await ws.close()
 
             answers = asyncio.run(run())
-            assert answers[-1]["type"] == "ack", [(a["type"], a.get("code")) for a in answers]
+            said = [
+                line
+                for line in server.log.read_text(errors="replace").splitlines()
+                if "does not read as its row says" in line or "written again and" in line
+            ]
+            assert answers[-1]["type"] == "ack", (
+                [(a["type"], a.get("code")) for a in answers],
+                said[:4],
+            )
             assert answers[-1]["accepted"] is False, answers[-1]
             item = http.get(f"/api/items/{item_id}").json()
             assert (item["status"], item["result"] == result) == ("finished", True), item["status"]
