@@ -162,6 +162,9 @@ class Group:
         self.rewritten: set[str] = set()
         self.let_go: set[str] = set()
         self.set_aside: set[str] = set()
+        # Whether a row it loaded for its item operations is marked ``unflushed`` (nearly
+        # never: their operations look no further otherwise).
+        self.any_marked = False
 
     # -- running ------------------------------------------------------------------------
 
@@ -501,6 +504,7 @@ class Group:
         self._lock_threads(keys | joining, create=joining)
         if ids:
             self.rows = sql.select_rows(ids, lock=ahead)
+            self.any_marked = any(row.unflushed for row in self.rows.values())
             self._load_queues(ids={row.queue_id for row in self.rows.values()})
             for row in self.rows.values():
                 queue = self.queues.get(row.queue_id)
@@ -532,8 +536,8 @@ class Group:
     # -- item operations ------------------------------------------------------------------
 
     def _item_op(self, op: ItemOp[Any]) -> Any:
-        if not isinstance(op, (*PASS_THE_GATE, Sweep, Delete)):  # (those two: ``_marked``)
-            self._refuse_unflushed(self._visible(op))
+        if self.any_marked and not isinstance(op, (*PASS_THE_GATE, Sweep, Delete)):
+            self._refuse_unflushed(self._visible(op))  # (Sweep and Delete: ``_marked``)
         if isinstance(op, Result):
             return self.result(op)
         if isinstance(op, Fail):
@@ -563,29 +567,30 @@ class Group:
             return self.progress(op)
         raise TypeError(f"unknown operation {op!r}")
 
-    def _refuse_unflushed(self, rows: Iterable[ItemRow | None]) -> None:
-        """Refuse the operation (``NotYetDurable``) if one of its ``rows`` is marked
-        ``unflushed`` (by this process or another): this process takes them up, to write
-        their files again too (``StateStore.take_up``)."""
-        met = [row.id for row in rows if row is not None and row.unflushed]
-        if met:
-            self.store.take_up(met)
-            raise NotYetDurable()
-
-    def _marked(self, ids: Iterable[str], queue_id: int | None = None) -> set[str]:
-        """Those of ``ids`` (of ``queue_id`` only, when given) whose rows are marked
-        ``unflushed``, taken up; an operation on many items (a sweep's clocks, a status's
-        deletes) passes them by, and a later one finds them written again."""
-        met = {
-            i
-            for i in ids
-            if (row := self._row(i)) is not None
-            and row.unflushed
-            and (queue_id is None or row.queue_id == queue_id)
-        }
+    def _take_up_marked(self, rows: Iterable[ItemRow]) -> set[str]:
+        """The ids of those of ``rows`` marked ``unflushed`` (by this process or another):
+        this process takes them up, to write their files again too (``StateStore.take_up``)."""
+        met = {row.id for row in rows if row.unflushed}
         if met:
             self.store.take_up(met)
         return met
+
+    def _refuse_unflushed(self, rows: Iterable[ItemRow]) -> None:
+        """Refuse the operation (``NotYetDurable``) if one of its ``rows`` is marked."""
+        if self._take_up_marked(rows):
+            raise NotYetDurable()
+
+    def _marked(self, ids: Iterable[str], queue_id: int | None = None) -> set[str]:
+        """Those of ``ids`` (of ``queue_id`` only, when given) whose rows are marked, taken
+        up; an operation on many items (a sweep's clocks, a status's deletes) passes them
+        by, and a later one finds them written again."""
+        if not self.any_marked:
+            return set()
+        return self._take_up_marked(
+            row
+            for i in ids
+            if (row := self._row(i)) is not None and (queue_id is None or row.queue_id == queue_id)
+        )
 
     def _visible(self, op: ItemOp[Any]) -> Iterator[ItemRow]:
         """The rows of ``op``'s items as it may see them: not those it would not find (an

@@ -77,7 +77,7 @@ COUNT_SHARDS = 16
 REWRITE_EVERY_SECONDS = 1.0
 REWRITE_CHUNK = 256  # items written again in one group
 ADOPT_MOST = 10_000  # rows marked ``unflushed`` a committer takes up at a time
-ADOPT_EVERY_SECONDS = 30.0  # while idle, it looks for them this often
+ADOPT_EVERY_SECONDS = 30.0  # ... and looks for them this often, busy or idle
 
 
 # Operations answered at the commit: they need nothing durable (a claim may be repeated
@@ -256,7 +256,7 @@ def _forget_unflushed(group: Group, *, flushed: bool) -> None:
     st = group.store
     if group.set_aside:
         st.set_aside(group.set_aside)
-    done = group.let_go | group.rewritten if flushed else group.let_go
+    done = (group.let_go | group.rewritten) if flushed else group.let_go
     if done and not st.forget_unflushed(done) and not st.taken_up and flushed:
         log.warning("the files a failed flush left are written again and durable (or gone)")
 

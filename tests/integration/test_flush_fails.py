@@ -72,6 +72,11 @@ def disk_that_fails_its_writes(tmp_path: Path) -> Iterator[tuple[Path, Path, Pat
             subprocess.run(["umount", "-l", str(root)], check=False)
 
 
+def logged(server: Any, text: str, what: str) -> None:
+    """Wait (15 s at most) for ``text`` in the server's log."""
+    wait_for(lambda: text in server.log.read_text(errors="replace"), 15, what)
+
+
 def payload_on_disk(root: Path, image: Path, item_id: str) -> object:
     """The item's first line's payload as the disk holds it (the ext4 mounted again)."""
     os.sync()
@@ -152,18 +157,16 @@ def test_files_a_failed_flush_left_are_written_again_by_the_next_server_after_a_
             assert refused.status_code == 503, refused.text[:300]
         with serving(root, key, TASKHOSTER_FLUSH="fsync") as (server, http):
             # Still no room: the next server takes them up at its start, and refuses them.
-            wait_for(
-                lambda: "are to be written again here" in server.log.read_text(),
-                15,
-                "the new server to take the marked rows up",
+            logged(
+                server, "are to be written again here", "the new server to take the marked rows up"
             )
             again = http.post("/api/queues/q/items", json=body)
             assert again.status_code == 503, again.text[:300]
             assert "written again" in again.json()["error"]["message"], again.text
             filler.unlink()
-            wait_for(
-                lambda: "written again and durable" in server.log.read_text(),
-                15,
+            logged(
+                server,
+                "written again and durable",
                 "the new server to write the files again by itself",
             )
             answer = http.post("/api/queues/q/items", json=body)
@@ -236,10 +239,8 @@ def test_files_a_failed_flush_left_are_written_again_with_nothing_else_asked(
             refused = http.post("/api/queues/q/items", json=body)
             assert refused.status_code == 503, refused.text[:300]
             filler.unlink()
-            wait_for(
-                lambda: "written again and durable" in server.log.read_text(),
-                15,
-                "the server to write the files again by itself",
+            logged(
+                server, "written again and durable", "the server to write the files again by itself"
             )
             # Its id read, not asked for by a change (which would write the file again too).
             listed = http.get("/api/queues/q/items").json()["items"]

@@ -53,11 +53,19 @@ def _mark(item_id: str) -> int:
     return _file(item_id).stat().st_ino
 
 
-def _until(answer: Any, status: int, what: str) -> Any:
+def _posted(api: APIClient, **body: Any) -> str:
+    """A new item's id (its payload 1 unless given)."""
+    answer = api.post("/api/queues/q/items", {"payload": 1, **body}, format="json")
+    assert answer.status_code == 201, answer.content[:300]
+    return str(answer.json()["id"])
+
+
+def _until(answer: Any, status: int, what: str, done: Any = lambda _got: True) -> Any:
+    """Ask ``answer`` again (10 s at most) until it gives ``status`` and ``done`` of it."""
     deadline = time.monotonic() + 10
     while True:
         got = answer()
-        if got.status_code == status or time.monotonic() > deadline:
+        if (got.status_code == status and done(got)) or time.monotonic() > deadline:
             assert got.status_code == status, (what, got.status_code, got.content[:300])
             return got
         time.sleep(0.1)
@@ -98,8 +106,7 @@ def test_a_result_for_an_item_marked_unflushed_is_refused_until_written_again(
     api: APIClient, make_queue: Any
 ) -> None:
     make_queue("q")
-    posted = api.post("/api/queues/q/items", {"payload": 1}, format="json")
-    item_id = posted.json()["id"]
+    item_id = _posted(api)
     claimed = api.post("/api/queues/q/claim", {}, format="json").json()["items"]
     assert [i["id"] for i in claimed] == [item_id]
     inode = _mark(item_id)
@@ -118,19 +125,17 @@ def test_a_claim_passes_an_item_marked_unflushed_by_until_written_again(
     api: APIClient, make_queue: Any
 ) -> None:
     make_queue("q")
-    posted = api.post("/api/queues/q/items", {"payload": 1}, format="json")
-    item_id = posted.json()["id"]
+    item_id = _posted(api)
     inode = _mark(item_id)
     first = api.post("/api/queues/q/claim", {}, format="json")
     assert first.status_code == 200, first.content[:300]
     assert first.json()["items"] == []
     claimed = _until(
-        lambda: api.post("/api/queues/q/claim", {}, format="json"), 200, "a claim answered"
+        lambda: api.post("/api/queues/q/claim", {}, format="json"),
+        200,
+        "a claim that takes it",
+        lambda got: got.json()["items"],
     )
-    deadline = time.monotonic() + 10
-    while not claimed.json()["items"] and time.monotonic() < deadline:
-        time.sleep(0.1)
-        claimed = api.post("/api/queues/q/claim", {}, format="json")
     assert [i["id"] for i in claimed.json()["items"]] == [item_id]
     _written_again(item_id, inode)
 
@@ -144,7 +149,7 @@ def test_a_marked_file_that_does_not_read_as_its_row_says_is_left_for_repair_and
     # wrong bytes durable and clear the mark); the item stays refused, for repair. This
     # process's own flushes never failed, so everything else goes on meanwhile.
     make_queue("q")
-    item_id = api.post("/api/queues/q/items", {"payload": 1}, format="json").json()["id"]
+    item_id = _posted(api)
     claimed = api.post("/api/queues/q/claim", {}, format="json").json()["items"]
     assert [i["id"] for i in claimed] == [item_id]
     before = _file(item_id).read_bytes()
@@ -172,7 +177,7 @@ def test_a_marked_item_of_a_queue_the_key_may_not_use_is_answered_as_a_missing_o
     # a 503 would tell it the item exists (and is waiting for its file).
     make_queue("q")
     make_queue("other")
-    item_id = api.post("/api/queues/q/items", {"payload": 1}, format="json").json()["id"]
+    item_id = _posted(api)
     assert api.post("/api/queues/q/claim", {}, format="json").json()["items"]
     _mark(item_id)
     limited = APIClient()
@@ -190,9 +195,7 @@ def test_a_marked_item_asked_for_by_name_is_refused_and_among_many_passed_by(
     # it gone); a delete of that one item answers for it (503: try again). (Its file reads
     # as zeros, so that it stays marked: a sound one would be written again meanwhile.)
     make_queue("q")
-    ids = [
-        api.post("/api/queues/q/items", {"payload": n}, format="json").json()["id"] for n in (1, 2)
-    ]
+    ids = [_posted(api, payload=n) for n in (1, 2)]
     path = _file(ids[0])
     path.write_bytes(b"\0" * path.stat().st_size)
     _mark(ids[0])
