@@ -682,9 +682,23 @@ class Group:
             except StoreWriteFailed as exc:
                 log.debug("item %s: its file could not be written again: %s", item_id, exc)
                 continue
-            if done is None:
-                # Not to be made durable as it reads now: refused until it reads as its
-                # row says, or repair has dealt with it.
+            if done is False and own:
+                # This process wrote it, on this root: gone for every process (a delete
+                # finished half-way), nothing left to write.
+                log.error(
+                    "item %s: its file, which a failed flush left, is gone; its row stays "
+                    "for `manage.py sweep --repair`",
+                    item_id,
+                )
+                row.set(unflushed=False)
+                self.let_go.add(item_id)
+                continue
+            if not done:
+                # Not to be made durable as it reads now: refused until it reads as its row
+                # says, or repair has dealt with it. So too a file taken up from another
+                # process and not found here, which proves nothing of the disk (a root this
+                # process sees otherwise, a network filesystem's stale lookup): its mark
+                # cleared, the next claim met no file and dropped the row.
                 if item_id not in self.store.unflushed_said:
                     self.store.unflushed_said.add(item_id)
                     log.error(
@@ -692,19 +706,12 @@ class Group:
                         "row says (%s); it is refused until it does, or `manage.py sweep "
                         "--repair` has dealt with it",
                         item_id,
-                        self.files.not_rewritten.get(item_id, "?"),
+                        "it is not found here"
+                        if done is False
+                        else self.files.not_rewritten.get(item_id, "?"),
                     )
                 if not own:
                     self.set_aside.add(item_id)
-                continue
-            if done is False:
-                log.error(
-                    "item %s: its file, which a failed flush left, is gone; its row stays "
-                    "for `manage.py sweep --repair`",
-                    item_id,
-                )
-                row.set(unflushed=False)  # (nothing left to write)
-                self.let_go.add(item_id)
                 continue
             written += 1
             row.set(unflushed=False)

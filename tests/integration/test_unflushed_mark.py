@@ -170,6 +170,45 @@ def test_a_marked_file_that_does_not_read_as_its_row_says_is_left_for_repair_and
     assert _file(item_id).stat().st_ino == inode
 
 
+def test_a_marked_item_whose_file_this_process_does_not_find_stays_marked_and_kept(
+    api: APIClient, make_queue: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Taken up from another process, a marked item whose file is not found here (a root
+    # this process sees otherwise, a network filesystem's stale lookup: here, the file
+    # moved out of the root a while) is not taken for gone: its mark stays, the item is
+    # refused and passed by, and its row is kept, until a process finds the file and writes
+    # it again. Before, the mark was cleared (CI: a process on another root did so while two
+    # servers on the real one waited), and the next claim, meeting no file, dropped the row.
+    make_queue("q")
+    item_id = _posted(api, payload={"kept": True})
+    inode = _mark(item_id)
+    path = _file(item_id)
+    away = tmp_path / "away.json"
+    path.rename(away)
+    first = api.post("/api/queues/q/claim", {}, format="json")
+    assert first.status_code == 200, first.content[:300]
+    assert first.json()["items"] == []  # passed by, and taken up
+    deadline = time.monotonic() + 10
+    while not (item_id in caplog.text and "failed flush left" in caplog.text):
+        assert time.monotonic() < deadline, "no try to write the file again"
+        time.sleep(0.05)
+    assert Item.objects.get(id=item_id).unflushed is True
+    again = api.post("/api/queues/q/claim", {}, format="json")
+    assert again.status_code == 200, again.content[:300]
+    assert again.json()["items"] == []
+    assert Item.objects.filter(id=item_id, unflushed=True).exists()
+    away.rename(path)
+    claimed = _until(
+        lambda: api.post("/api/queues/q/claim", {}, format="json"),
+        200,
+        "a claim that takes it once its file is found",
+        lambda got: got.json()["items"],
+    )
+    assert [i["id"] for i in claimed.json()["items"]] == [item_id]
+    assert claimed.json()["items"][0]["payload"] == {"kept": True}
+    _written_again(item_id, inode)
+
+
 def test_a_marked_item_of_a_queue_the_key_may_not_use_is_answered_as_a_missing_one(
     api: APIClient, make_queue: Any, make_key: Any
 ) -> None:
