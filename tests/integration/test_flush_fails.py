@@ -34,7 +34,7 @@ from .test_processes import REDIS_URL, needs_shared
 from .test_state_root_comes_back import fill, ready, serving
 from .wsclient import connect, recv, send, subscribe
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("nothing_left_to_write_again")]
 
 # Bigger than the few blocks the ext4 freed before the disk filled (a probe's file), which
 # it would write into again without the disk refusing them.

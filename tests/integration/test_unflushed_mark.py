@@ -12,33 +12,19 @@ two server processes, are ``test_flush_fails.py``'s.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rest_framework.test import APIClient
 
-from taskhoster import engine
 from taskhoster.conf import get_conf
-from taskhoster.engine.common import store
 from taskhoster.models import Item
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_to_write_again(transactional_db: None) -> Iterator[None]:
-    """After each test, before its tables are emptied: no row marked, nothing taken up, and
-    the committer past any rewrite it was making (one operation through it, answered after
-    whatever it was doing), so that no rewrite's transaction meets the emptying."""
-    yield
-    Item.objects.filter(unflushed=True).update(unflushed=None)
-    st = store()
-    with st.unflushed_lock:
-        st.taken_up.clear()
-        st.unflushed.clear()
-    engine.mark_fetched(item_id="0661f0000000000000ff")
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("nothing_left_to_write_again"),
+]
 
 
 def _file(item_id: str) -> Path:
