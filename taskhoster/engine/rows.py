@@ -954,10 +954,14 @@ def mark_unflushed(ids: Collection[str], unflushed: bool) -> None:
             )
 
 
-def unflushed_rows(limit: int) -> list[str]:
-    """Up to ``limit`` ids of the rows marked ``unflushed`` (by their partial index)."""
+def unflushed_rows(limit: int, after: str = "") -> list[str]:
+    """Up to ``limit`` ids, past ``after``, of the rows marked ``unflushed`` (by their partial
+    index), in order."""
     with _cursor() as cursor:
-        cursor.execute(f"SELECT id FROM {ITEM} WHERE unflushed ORDER BY id LIMIT %s", [limit])
+        cursor.execute(
+            f"SELECT id FROM {ITEM} WHERE unflushed AND id > %s ORDER BY id LIMIT %s",
+            [after, limit],
+        )
         return [item_id for (item_id,) in cursor.fetchall()]
 
 

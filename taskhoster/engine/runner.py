@@ -233,6 +233,7 @@ def _flush_failed(
 # (``Group._refuse_unflushed``), takes them up and writes them again itself: the process
 # that failed may be gone (a committer found them when it starts, too).
 _rewrite_tried = 0.0  # (time.monotonic) of the last try
+_adopted_up_to = ""  # the last id of the last look's full page: the next look goes on past it
 
 
 def _mark_unflushed() -> None:
@@ -265,12 +266,16 @@ def adopt_unflushed() -> None:
     """Take up the rows marked ``unflushed`` (their files left by a failed flush in another
     process, perhaps one gone since, or in this one before a restart), to write their files
     again: when a committer starts, and every ``ADOPT_EVERY_SECONDS`` (a row met marked is
-    taken up where it is met). Never raises."""
+    taken up where it is met). ``ADOPT_MOST`` a look, each look going on past the last one's
+    page, from the first again after a short page: rows that cannot be written again (set
+    aside, still marked) never hide those behind them. Never raises."""
+    global _adopted_up_to
     try:
-        ids = sql.unflushed_rows(ADOPT_MOST)
+        ids = sql.unflushed_rows(ADOPT_MOST, after=_adopted_up_to)
     except Exception as exc:
         log.debug("could not look for items waiting for their files: %s", exc)
         return
+    _adopted_up_to = ids[-1] if len(ids) >= ADOPT_MOST else ""
     st = store()
     new = [i for i in ids if i not in st.unflushed and i not in st.taken_up]
     told = [i for i in new if i not in st.unflushed_said]

@@ -19,6 +19,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from taskhoster.conf import get_conf
+from taskhoster.engine import runner
 from taskhoster.models import Item
 
 pytestmark = [
@@ -193,6 +194,33 @@ def test_a_marked_item_whose_file_this_process_does_not_find_stays_marked_and_ke
     assert [i["id"] for i in claimed.json()["items"]] == [item_id]
     assert claimed.json()["items"][0]["payload"] == {"kept": True}
     _written_again(item_id, inode)
+
+
+def test_marked_rows_that_cannot_be_written_again_never_hide_those_behind_them(
+    api: APIClient, make_queue: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A committer's look takes up at most ADOPT_MOST marked rows (here 2). Two whose files
+    # read as zeros are set aside, still marked; the next look goes on past them and finds
+    # the third, which nothing else touches, and writes it again. Before, every look took
+    # the same first page, and the third waited for ever.
+    monkeypatch.setattr(runner, "ADOPT_MOST", 2)
+    make_queue("q")
+    ids = [_posted(api) for _ in range(3)]
+    assert ids == sorted(ids)
+    for item_id in ids[:2]:
+        path = _file(item_id)
+        path.write_bytes(b"\0" * path.stat().st_size)
+    inodes = [_mark(item_id) for item_id in ids]
+    deadline = time.monotonic() + 10
+    while Item.objects.get(id=ids[2]).unflushed:
+        assert time.monotonic() < deadline, "the third marked row was never written again"
+        runner.adopt_unflushed()  # a look, as every 30 s
+        time.sleep(0.3)
+    _written_again(ids[2], inodes[2])
+    assert list(Item.objects.filter(id__in=ids[:2]).values_list("unflushed", flat=True)) == [
+        True,
+        True,
+    ]
 
 
 def test_a_marked_item_of_a_queue_the_key_may_not_use_is_answered_as_a_missing_one(
