@@ -11,16 +11,22 @@ two server processes, are ``test_flush_fails.py``'s.
 
 from __future__ import annotations
 
+import asyncio
+import re
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from rest_framework.test import APIClient
 
+from taskhoster import engine
 from taskhoster.conf import get_conf
 from taskhoster.engine import runner
 from taskhoster.models import Item
+
+from .wsclient import connect, recv, subscribe
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -221,6 +227,75 @@ def test_marked_rows_that_cannot_be_written_again_never_hide_those_behind_them(
         True,
         True,
     ]
+
+
+def test_a_waiting_worker_is_handed_a_marked_item_once_its_file_is_written_again(
+    server_factory: Any, make_key: Any, make_queue: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A server's worker subscribes; its claim passes the marked item by and takes it up.
+    # The rewrite's news wakes the worker's claim: the item comes within seconds, not at the
+    # sockets' backstop (a minute here). (This process's own committer looks at marked rows
+    # every 30 s: not during this test, so that the server is the one that writes it.)
+    monkeypatch.setattr(runner, "ADOPT_EVERY_SECONDS", 3600.0)
+    make_queue("q")
+    server = server_factory(TASKHOSTER_SOCKET_BACKSTOP_SECONDS="60")
+    key = make_key("work")
+    item_id = engine.post_items(queue_name="q", items=[engine.NewItem(payload=1)])[0].row.id
+    inode = _mark(item_id)
+
+    async def handed() -> tuple[dict[str, Any], float]:
+        ws = await connect(server, key)
+        try:
+            await subscribe(ws, ["q"], 1)
+            started = time.monotonic()
+            return await recv(ws, 20), time.monotonic() - started
+        finally:
+            await ws.close()
+
+    frame, waited = asyncio.run(handed())
+    assert frame["type"] == "item", frame
+    assert frame["id"] == item_id, frame
+    assert waited < 10, waited
+    _written_again(item_id, inode)
+
+
+def test_a_marked_item_left_for_repair_does_not_keep_waiting_workers_claiming(
+    server_factory: Any, make_key: Any, make_queue: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A marked item whose file reads as zeros stays marked (for repair) as long as it
+    # takes. It is not claimable meanwhile, so a waiting worker's claim does not look again
+    # and again: it waits for news. Before, the dispatcher saw a due item its claim had
+    # passed by and looked again every 50 ms: some 20 group commits a second, for ever, on
+    # every process with a worker of the queue.
+    monkeypatch.setattr(runner, "ADOPT_EVERY_SECONDS", 3600.0)
+    make_queue("q")
+    server = server_factory(TASKHOSTER_SOCKET_BACKSTOP_SECONDS="60")
+    key = make_key()
+    item_id = engine.post_items(queue_name="q", items=[engine.NewItem(payload=1)])[0].row.id
+    path = _file(item_id)
+    path.write_bytes(b"\0" * path.stat().st_size)
+    _mark(item_id)
+
+    def commits() -> float:
+        answer = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Token {key}"})
+        found = re.search(r"^taskhoster_group_commits_total (\S+)$", answer.text, re.M)
+        assert found, answer.text[:300]
+        return float(found.group(1))
+
+    async def waiting() -> tuple[float, float]:
+        ws = await connect(server, key)
+        try:
+            await subscribe(ws, ["q"], 1)
+            await asyncio.sleep(1.5)  # its first claim, and the try to write the file again
+            before = await asyncio.to_thread(commits)
+            await asyncio.sleep(3)
+            return before, await asyncio.to_thread(commits)
+        finally:
+            await ws.close()
+
+    before, after = asyncio.run(waiting())
+    assert after - before <= 6, (before, after)
+    assert Item.objects.get(id=item_id).unflushed is True
 
 
 def test_a_marked_item_of_a_queue_the_key_may_not_use_is_answered_as_a_missing_one(
