@@ -155,11 +155,12 @@ class Group:
         self.found: dict[str, RowStamp] = {}
         # The items it made under an id every attempt makes the same (a schedule's slot's).
         self.reused: set[str] = set()
-        # The items of its ``Rewrite``: their files written again (their marks cleared at
-        # its commit); those it has nothing more to do for (gone, or written again by
+        # The items of its ``Rewrite``: their files written again, with the ``rev`` and,
+        # claimable, the queue of each (their marks cleared once the files are durable:
+        # ``runner``); those it has nothing more to do for (gone, or written again by
         # another process since); those taken up whose files do not read as their rows
         # say, set aside until a later look (``runner.adopt_unflushed``).
-        self.rewritten: set[str] = set()
+        self.rewritten: dict[str, tuple[int, str | None]] = {}
         self.let_go: set[str] = set()
         self.set_aside: set[str] = set()
         # Whether a row it loaded for its item operations is marked ``unflushed`` (nearly
@@ -665,8 +666,8 @@ class Group:
     def rewrite(self, op: Rewrite) -> int:
         """Write the files of ``op.ids`` again (``FileBatch.rewrite``), each on its own: a
         file the disk refuses is tried again later, the others go on. A file written again
-        has its row's mark cleared with this group's commit, under its lock (should the
-        flush then fail, ``runner`` marks it again at once)."""
+        keeps its row's mark until the group's flush has made it durable: ``runner`` clears
+        the marks then (of the rows still at the ``rev`` written), and wakes the claims."""
         written = 0
         for item_id in op.ids:
             row = self._row(item_id)
@@ -686,8 +687,9 @@ class Group:
                 # This process wrote it, on this root: gone for every process (a delete
                 # finished half-way), nothing left to write.
                 log.error(
-                    "item %s: its file, which a failed flush left, is gone; its row stays "
-                    "for `manage.py sweep --repair`",
+                    "item %s: its file, which a failed flush left, is gone (a delete that "
+                    "stopped half-way): its row goes when next met, or by `manage.py sweep "
+                    "--repair`",
                     item_id,
                 )
                 row.set(unflushed=False)
@@ -714,10 +716,7 @@ class Group:
                     self.set_aside.add(item_id)
                 continue
             written += 1
-            row.set(unflushed=False)
-            self.rewritten.add(item_id)
-            if row.eligible:
-                self.tally.claimable(row.queue_name)  # a claim may have passed it by
+            self.rewritten[item_id] = (row.rev, row.queue_name if row.eligible else None)
         return written
 
     def requeue_held(self, op: Requeue) -> Verdict:

@@ -957,6 +957,18 @@ def mark_unflushed(ids: Collection[str], unflushed: bool) -> None:
             )
 
 
+def clear_unflushed(revs: dict[str, int]) -> None:
+    """Clear the marks of the rows of ``revs`` (``Item.unflushed``) that are still at the
+    ``rev`` given: one statement a chunk, outside any group's transaction."""
+    with _cursor() as cursor:
+        for chunk in _chunks(sorted(revs), 250):  # (two parameters a row)
+            pairs = " OR ".join(["(id = %s AND rev = %s)"] * len(chunk))
+            cursor.execute(
+                f"UPDATE {ITEM} SET unflushed = %s WHERE unflushed AND ({pairs})",
+                [False, *(value for item_id in chunk for value in (item_id, revs[item_id]))],
+            )
+
+
 def unflushed_rows(limit: int, after: str = "") -> list[str]:
     """Up to ``limit`` ids, past ``after``, of the rows marked ``unflushed`` (by their partial
     index), in order."""

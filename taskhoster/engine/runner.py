@@ -183,6 +183,8 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
         after_flush = [o for o, at_commit in zip(outcomes, now, strict=True) if not at_commit]
         if any(isinstance(op, Post) for op in ops) and fault("post.slow_flush"):
             time.sleep(slow_seconds())  # tests: another process's claim comes in between
+        if group.rewritten and fault("rewrite.slow_flush"):
+            time.sleep(slow_seconds())  # tests: the marks stand until the flush
         try:
             group.files.flush()
         except TaskhosterError as exc:
@@ -190,8 +192,8 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
             group.files.remember_unflushed()
             _forget_unflushed(group, flushed=False)
             if group.rewritten:
-                # Their marks were cleared at the commit: this process's own now (marked
-                # again just below), taken up or not.
+                # Still marked: this process's own now (it holds back until they are
+                # written again), taken up or not.
                 group.store.add_unflushed(group.rewritten)
                 log.error(
                     "%d items' files written again could not be flushed: nothing else is "
@@ -200,7 +202,7 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
                 )
             _mark_unflushed()  # before the answers: another process refuses them too
         else:
-            _forget_unflushed(group, flushed=True)
+            _forget_unflushed(group, flushed=_clear_marks(group.rewritten))
             if group.files.deferred:
                 reclaim.later(group.files.deferred)
         answer(after_flush)
@@ -251,13 +253,33 @@ def _mark_unflushed() -> None:
         log.warning("could not mark %d items as waiting for their files: %s", len(ids), exc)
 
 
+def _clear_marks(rewritten: dict[str, tuple[int, str | None]]) -> bool:
+    """The files a rewrite wrote again are durable: their rows' marks cleared (of those
+    still at the ``rev`` written: a row changed since keeps its mark for a later look), and
+    the claims of the queues of those claimable woken, in every process (a claim passed
+    them by; nothing else looks again). Only now: a mark cleared at the rewrite's commit
+    let a claim hand the item out while its flush, perhaps failing, went on. Whether the
+    marks are cleared (the database away, they are tried again)."""
+    if not rewritten:
+        return True
+    try:
+        sql.clear_unflushed({item_id: rev for item_id, (rev, _queue) in rewritten.items()})
+    except Exception as exc:
+        log.warning("could not clear the marks of %d items written again: %s", len(rewritten), exc)
+        return False
+    queues = sorted({queue for _rev, queue in rewritten.values() if queue is not None})
+    if queues:
+        events.announce_many([("claimable", queue, "") for queue in queues])
+    return True
+
+
 def _forget_unflushed(group: Group, *, flushed: bool) -> None:
     """After a rewrite: the items it has nothing more to do for, and (``flushed``) those it
     wrote again, wait no more; those it set aside wait for a later look."""
     st = group.store
     if group.set_aside:
         st.set_aside(group.set_aside)
-    done = (group.let_go | group.rewritten) if flushed else group.let_go
+    done = (group.let_go | group.rewritten.keys()) if flushed else group.let_go
     if done and not st.forget_unflushed(done) and not st.taken_up and flushed:
         log.warning("the files a failed flush left are written again and durable (or gone)")
 
@@ -272,6 +294,8 @@ def adopt_unflushed() -> None:
     global _adopted_up_to
     try:
         ids = sql.unflushed_rows(ADOPT_MOST, after=_adopted_up_to)
+        if _adopted_up_to and len(ids) < ADOPT_MOST:  # the end: on from the first
+            ids = list(dict.fromkeys(ids + sql.unflushed_rows(ADOPT_MOST - len(ids))))
     except Exception as exc:
         log.debug("could not look for items waiting for their files: %s", exc)
         return

@@ -210,6 +210,7 @@ def test_marked_rows_that_cannot_be_written_again_never_hide_those_behind_them(
     # the third, which nothing else touches, and writes it again. Before, every look took
     # the same first page, and the third waited for ever.
     monkeypatch.setattr(runner, "ADOPT_MOST", 2)
+    monkeypatch.setattr(runner, "_adopted_up_to", "")
     make_queue("q")
     ids = [_posted(api) for _ in range(3)]
     assert ids == sorted(ids)
@@ -296,6 +297,38 @@ def test_a_marked_item_left_for_repair_does_not_keep_waiting_workers_claiming(
     before, after = asyncio.run(waiting())
     assert after - before <= 6, (before, after)
     assert Item.objects.get(id=item_id).unflushed is True
+
+
+def test_a_mark_is_cleared_only_once_the_file_written_again_is_durable(
+    server_factory: Any, make_key: Any, make_queue: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A server takes a marked item up and writes its file again; its flush is held for
+    # 3 s (``rewrite.slow_flush``: a disk that stalls, or fails, there). The row stays
+    # marked until that flush is done, so no claim anywhere hands the item out before its
+    # file is durable. Before, the mark was cleared at the rewrite's commit, before its
+    # flush: a claim in that window took the item, even if the flush then failed.
+    monkeypatch.setattr(runner, "ADOPT_EVERY_SECONDS", 3600.0)
+    make_queue("q")
+    server = server_factory(
+        TASKHOSTER_FAULT="rewrite.slow_flush", TASKHOSTER_FAULT_SLOW_SECONDS="3"
+    )
+    key = make_key()
+    item_id = engine.post_items(queue_name="q", items=[engine.NewItem(payload=1)])[0].row.id
+    inode = _mark(item_id)
+    claim = httpx.post(
+        f"{server.url}/api/queues/q/claim", json={}, headers={"Authorization": f"Token {key}"}
+    )
+    assert claim.status_code == 200, claim.text[:300]
+    assert claim.json()["items"] == []  # passed by, and taken up: written again now
+    watched = time.monotonic()
+    while time.monotonic() - watched < 2:
+        assert Item.objects.get(id=item_id).unflushed is True, "cleared before its flush"
+        time.sleep(0.02)
+    deadline = time.monotonic() + 10
+    while Item.objects.get(id=item_id).unflushed:
+        assert time.monotonic() < deadline, "never cleared"
+        time.sleep(0.05)
+    _written_again(item_id, inode)
 
 
 def test_a_marked_item_of_a_queue_the_key_may_not_use_is_answered_as_a_missing_one(
