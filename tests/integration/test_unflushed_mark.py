@@ -114,6 +114,26 @@ def test_a_result_for_an_item_marked_unflushed_is_refused_until_written_again(
     assert api.get(f"/api/items/{item_id}").json()["result"] == "done"
 
 
+def test_a_producers_read_of_an_item_marked_unflushed_is_refused_until_written_again(
+    api: APIClient, make_queue: Any
+) -> None:
+    # What a read would show of a marked item is the cache's: a result a power cut may take
+    # back, after the producer acted on it. Refused until the file is durable; the read
+    # takes the item up, so it is written again without anything else asked.
+    make_queue("q")
+    item_id = _posted(api)
+    claimed = api.post("/api/queues/q/claim", {}, format="json").json()["items"]
+    assert [i["id"] for i in claimed] == [item_id]
+    finished = api.post(f"/api/items/{item_id}/result", {"result": "r"}, format="json")
+    assert finished.json()["accepted"] is True
+    assert api.get(f"/api/items/{item_id}").json()["result"] == "r"  # (fetched now)
+    inode = _mark(item_id)
+    _refused_as_not_durable(api.get(f"/api/items/{item_id}"))
+    read = _until(lambda: api.get(f"/api/items/{item_id}"), 200, "read once written again")
+    assert read.json()["result"] == "r"
+    _written_again(item_id, inode)
+
+
 def test_a_claim_passes_an_item_marked_unflushed_by_until_written_again(
     api: APIClient, make_queue: Any
 ) -> None:
@@ -244,20 +264,24 @@ def test_a_waiting_worker_is_handed_a_marked_item_once_its_file_is_written_again
     item_id = engine.post_items(queue_name="q", items=[engine.NewItem(payload=1)])[0].row.id
     inode = _mark(item_id)
 
-    async def handed() -> tuple[dict[str, Any], float]:
+    async def handed() -> tuple[dict[str, Any], float, int]:
         ws = await connect(server, key)
         try:
             await subscribe(ws, ["q"], 1)
             started = time.monotonic()
-            return await recv(ws, 20), time.monotonic() - started
+            frame = await recv(ws, 20)
+            waited = time.monotonic() - started
+            # Its file while the worker holds it (once the socket closes, it is moved back).
+            return frame, waited, _file(item_id).stat().st_ino
         finally:
             await ws.close()
 
-    frame, waited = asyncio.run(handed())
+    frame, waited, held_inode = asyncio.run(handed())
     assert frame["type"] == "item", frame
     assert frame["id"] == item_id, frame
     assert waited < 10, waited
-    _written_again(item_id, inode)
+    assert held_inode != inode  # a new file took the name
+    assert Item.objects.get(id=item_id).unflushed is False
 
 
 def test_a_marked_item_left_for_repair_does_not_keep_waiting_workers_claiming(
