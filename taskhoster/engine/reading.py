@@ -14,7 +14,7 @@ from django.db.models import Sum
 
 from .. import events
 from ..conf import get_conf
-from ..errors import ItemNotFound, NotYetDurable
+from ..errors import ItemNotFound
 from ..models import Item, Queue, QueueCount
 from ..status import Status
 from ..store import FileMissing, Record
@@ -81,18 +81,10 @@ def store_root() -> Path:
 
 
 def get_item(*, item_id: str, producer_read: bool = False) -> tuple[ItemRow, Record]:
-    """The item's row and file. A producer's read of a terminal item marks it fetched.
-
-    A producer's read of an item marked ``unflushed`` (its file left by a flush that
-    failed) is refused (``NotYetDurable``), and the item taken up to be written again: what
-    it would show is the cache's, which a power cut may take back (a result the producer
-    acted on, gone, and the item run again). An operator's read (the admin) shows it."""
+    """The item's row and file. A producer's read of a terminal item marks it fetched."""
     row = get_row(item_id)
     if row is None:
         raise ItemNotFound(f"item {item_id!r} does not exist")
-    if producer_read and row.unflushed:
-        store().take_up([row.id])
-        raise NotYetDurable()
     try:
         _state, record = store().read_any(row.queue_name, row.id, Status(row.status).state)
     except FileMissing:
