@@ -699,8 +699,8 @@ class Group:
                 # Not to be made durable as it reads now: refused until it reads as its row
                 # says, or repair has dealt with it. So too a file taken up from another
                 # process and not found here, which proves nothing of the disk (a root this
-                # process sees otherwise, a network filesystem's stale lookup): its mark
-                # cleared, the next claim met no file and dropped the row.
+                # process sees otherwise, a network filesystem's stale lookup): were its
+                # mark cleared, the next claim would meet no file and drop the row.
                 if item_id not in self.store.unflushed_said:
                     self.store.unflushed_said.add(item_id)
                     log.error(

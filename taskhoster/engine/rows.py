@@ -943,17 +943,18 @@ def delete_rows(ids: Sequence[str]) -> None:
             cursor.execute(f"DELETE FROM {ITEM} WHERE id{condition}", params)
 
 
-def mark_unflushed(ids: Collection[str], unflushed: bool) -> None:
-    """Set (or clear) ``unflushed`` of the rows of ``ids`` (``Item.unflushed``): statements of
-    their own, outside any group's transaction. A row already so is not written again (a
-    mark set once a second while a disk fails leaves no dead row versions)."""
-    unlike = "(unflushed IS NULL OR NOT unflushed)" if unflushed else "unflushed"
+def mark_unflushed(ids: Collection[str]) -> None:
+    """Mark the rows of ``ids`` ``unflushed`` (``Item.unflushed``): statements of their own,
+    outside any group's transaction (``clear_unflushed`` clears them). A row already marked
+    is not written again (a mark set once a second while a disk fails leaves no dead row
+    versions)."""
     with _cursor() as cursor:
         for chunk in _chunks(sorted(ids)):
             condition, params = _among(chunk)
             cursor.execute(
-                f"UPDATE {ITEM} SET unflushed = %s WHERE {unlike} AND id{condition}",
-                [unflushed, *params],
+                f"UPDATE {ITEM} SET unflushed = %s "
+                f"WHERE (unflushed IS NULL OR NOT unflushed) AND id{condition}",
+                [True, *params],
             )
 
 

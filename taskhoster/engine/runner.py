@@ -248,7 +248,7 @@ def _mark_unflushed() -> None:
     if not ids or connection.in_atomic_block:  # (in a caller's transaction: not its to add)
         return
     try:
-        sql.mark_unflushed(ids, True)
+        sql.mark_unflushed(ids)
     except Exception as exc:  # (the database away too: tried again in a second)
         log.warning("could not mark %d items as waiting for their files: %s", len(ids), exc)
 

@@ -46,6 +46,25 @@ def _mark(item_id: str) -> int:
     return _file(item_id).stat().st_ino
 
 
+def _zeros(item_id: str) -> None:
+    """Its file as the disk's zeros (what a read finds once the cache let its pages go)."""
+    path = _file(item_id)
+    path.write_bytes(b"\0" * path.stat().st_size)
+
+
+def _served_item(
+    server_factory: Any, make_queue: Any, monkeypatch: pytest.MonkeyPatch, **env: str
+) -> tuple[Any, str]:
+    """A server started with ``env`` and an item of its queue ``q`` (not yet marked).
+
+    This process's own committer looks at marked rows every 30 s: not during the test, so
+    that the server is the one that takes them up."""
+    monkeypatch.setattr(runner, "ADOPT_EVERY_SECONDS", 3600.0)
+    make_queue("q")
+    server = server_factory(**env)
+    return server, engine.post_items(queue_name="q", items=[engine.NewItem(payload=1)])[0].row.id
+
+
 def _posted(api: APIClient, **body: Any) -> str:
     """A new item's id (its payload 1 unless given)."""
     answer = api.post("/api/queues/q/items", {"payload": 1, **body}, format="json")
@@ -215,8 +234,7 @@ def test_marked_rows_that_cannot_be_written_again_never_hide_those_behind_them(
     ids = [_posted(api) for _ in range(3)]
     assert ids == sorted(ids)
     for item_id in ids[:2]:
-        path = _file(item_id)
-        path.write_bytes(b"\0" * path.stat().st_size)
+        _zeros(item_id)
     inodes = [_mark(item_id) for item_id in ids]
     deadline = time.monotonic() + 10
     while Item.objects.get(id=ids[2]).unflushed:
@@ -235,13 +253,11 @@ def test_a_waiting_worker_is_handed_a_marked_item_once_its_file_is_written_again
 ) -> None:
     # A server's worker subscribes; its claim passes the marked item by and takes it up.
     # The rewrite's news wakes the worker's claim: the item comes within seconds, not at the
-    # sockets' backstop (a minute here). (This process's own committer looks at marked rows
-    # every 30 s: not during this test, so that the server is the one that writes it.)
-    monkeypatch.setattr(runner, "ADOPT_EVERY_SECONDS", 3600.0)
-    make_queue("q")
-    server = server_factory(TASKHOSTER_SOCKET_BACKSTOP_SECONDS="60")
+    # sockets' backstop (a minute here).
+    server, item_id = _served_item(
+        server_factory, make_queue, monkeypatch, TASKHOSTER_SOCKET_BACKSTOP_SECONDS="60"
+    )
     key = make_key("work")
-    item_id = engine.post_items(queue_name="q", items=[engine.NewItem(payload=1)])[0].row.id
     inode = _mark(item_id)
 
     async def handed() -> tuple[dict[str, Any], float, int]:
@@ -272,13 +288,11 @@ def test_a_marked_item_left_for_repair_does_not_keep_waiting_workers_claiming(
     # and again: it waits for news. Before, the dispatcher saw a due item its claim had
     # passed by and looked again every 50 ms: some 20 group commits a second, for ever, on
     # every process with a worker of the queue.
-    monkeypatch.setattr(runner, "ADOPT_EVERY_SECONDS", 3600.0)
-    make_queue("q")
-    server = server_factory(TASKHOSTER_SOCKET_BACKSTOP_SECONDS="60")
+    server, item_id = _served_item(
+        server_factory, make_queue, monkeypatch, TASKHOSTER_SOCKET_BACKSTOP_SECONDS="60"
+    )
     key = make_key()
-    item_id = engine.post_items(queue_name="q", items=[engine.NewItem(payload=1)])[0].row.id
-    path = _file(item_id)
-    path.write_bytes(b"\0" * path.stat().st_size)
+    _zeros(item_id)
     _mark(item_id)
 
     def commits() -> float:
@@ -307,17 +321,18 @@ def test_a_mark_is_cleared_only_once_the_file_written_again_is_durable(
     server_factory: Any, make_key: Any, make_queue: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A server takes a marked item up and writes its file again; its flush is held for
-    # 3 s (``rewrite.slow_flush``: a disk that stalls, or fails, there). The row stays
+    # 5 s (``rewrite.slow_flush``: a disk that stalls, or fails, there). The row stays
     # marked until that flush is done, so no claim anywhere hands the item out before its
     # file is durable. Before, the mark was cleared at the rewrite's commit, before its
     # flush: a claim in that window took the item, even if the flush then failed.
-    monkeypatch.setattr(runner, "ADOPT_EVERY_SECONDS", 3600.0)
-    make_queue("q")
-    server = server_factory(
-        TASKHOSTER_FAULT="rewrite.slow_flush", TASKHOSTER_FAULT_SLOW_SECONDS="5"
+    server, item_id = _served_item(
+        server_factory,
+        make_queue,
+        monkeypatch,
+        TASKHOSTER_FAULT="rewrite.slow_flush",
+        TASKHOSTER_FAULT_SLOW_SECONDS="5",
     )
     key = make_key()
-    item_id = engine.post_items(queue_name="q", items=[engine.NewItem(payload=1)])[0].row.id
     inode = _mark(item_id)
     claim = httpx.post(
         f"{server.url}/api/queues/q/claim", json={}, headers={"Authorization": f"Token {key}"}
@@ -367,8 +382,7 @@ def test_a_marked_item_asked_for_by_name_is_refused_and_among_many_passed_by(
     # as zeros, so that it stays marked: a sound one would be written again meanwhile.)
     make_queue("q")
     ids = [_posted(api, payload=n) for n in (1, 2)]
-    path = _file(ids[0])
-    path.write_bytes(b"\0" * path.stat().st_size)
+    _zeros(ids[0])
     _mark(ids[0])
     bulk = api.post("/api/queues/q/items/delete", {"ids": ids}, format="json")
     assert bulk.status_code == 200, bulk.content[:300]
