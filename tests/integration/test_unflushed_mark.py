@@ -296,10 +296,7 @@ def test_a_marked_item_left_for_repair_does_not_keep_waiting_workers_claiming(
     _mark(item_id)
 
     def commits() -> float:
-        answer = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Token {key}"})
-        found = re.search(r"^taskhoster_group_commits_total (\S+)$", answer.text, re.M)
-        assert found, answer.text[:300]
-        return float(found.group(1))
+        return _group_commits(server, key)
 
     async def waiting() -> tuple[float, float]:
         ws = await connect(server, key)
@@ -315,6 +312,44 @@ def test_a_marked_item_left_for_repair_does_not_keep_waiting_workers_claiming(
     before, after = asyncio.run(waiting())
     assert after - before <= 6, (before, after)
     assert Item.objects.get(id=item_id).unflushed is True
+
+
+def test_a_marked_item_left_for_repair_does_not_keep_a_long_poll_claiming(
+    server_factory: Any, make_key: Any, make_queue: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The long-poll's share of the rule above: a claim that waits asks when the queue's
+    # next item comes due, and a marked one is not due. Before, it was, in the past: the
+    # long-poll claimed again every 10 ms (some 300 group commits in 3 s).
+    server, item_id = _served_item(
+        server_factory, make_queue, monkeypatch, TASKHOSTER_LONG_POLL_INTERVAL="60"
+    )
+    key = make_key()
+    _zeros(item_id)
+    _mark(item_id)
+    headers = {"Authorization": f"Token {key}"}
+    # Its first claim takes the item up and finds its file zeros: set aside from then on.
+    first = httpx.post(f"{server.url}/api/queues/q/claim", json={}, headers=headers, timeout=10)
+    assert first.status_code == 200, first.text[:300]
+    assert first.json()["items"] == []
+    before = _group_commits(server, key)
+    started = time.monotonic()
+    waited = httpx.post(
+        f"{server.url}/api/queues/q/claim", json={"wait": 3}, headers=headers, timeout=20
+    )
+    took = time.monotonic() - started
+    after = _group_commits(server, key)
+    assert waited.status_code == 200, waited.text[:300]
+    assert waited.json()["items"] == []
+    assert took >= 2.9, took  # it waited (the rule under test is what it did meanwhile)
+    assert after - before <= 6, (before, after)
+    assert Item.objects.get(id=item_id).unflushed is True
+
+
+def _group_commits(server: Any, key: str) -> float:
+    answer = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Token {key}"})
+    found = re.search(r"^taskhoster_group_commits_total (\S+)$", answer.text, re.M)
+    assert found, answer.text[:300]
+    return float(found.group(1))
 
 
 def test_a_mark_is_cleared_only_once_the_file_written_again_is_durable(
@@ -390,3 +425,4 @@ def test_a_marked_item_asked_for_by_name_is_refused_and_among_many_passed_by(
     assert list(Item.objects.filter(id__in=ids).values_list("id", flat=True)) == [ids[0]]
     time.sleep(1.2)  # (a try to write it again passes)
     _refused_as_not_durable(api.delete(f"/api/items/{ids[0]}"))
+
