@@ -105,12 +105,18 @@ def wait_param() -> OpenApiParameter:
 
 # -- errors ------------------------------------------------------------------------------
 
-# Every operation with a key can answer these.
+# Every operation with a key can answer these: 503 ``unavailable`` when the database does
+# not answer, ``overloaded`` when every request thread is taken (``taskhoster.asgi``).
 AUTH_ERRORS = {
     401: ["unauthorized"],
     403: ["forbidden"],
-    503: ["unavailable"],
+    503: ["overloaded", "unavailable"],
 }
+# ... and those that hand an operation to the committer or read an item's file, these: the
+# state root did not take a write or a flush (full, read-only), an item's file left by a
+# failed flush is not yet written again, the committer stopped, or whether a commit whose
+# connection was lost committed could not be learnt in time.
+STORE_ERRORS = {503: ["store_error"]}
 ERROR_TEXT = {
     400: "Invalid request",
     401: "Missing, malformed or revoked key",

@@ -34,6 +34,7 @@ from .schema import (
     AUTH_ERRORS,
     ITEM_ERRORS,
     QUEUE_ERRORS,
+    STORE_ERRORS,
     WORKER_ERRORS,
     annotate,
     cursor_param,
@@ -139,7 +140,7 @@ class QueueView(ApiView):
         parameters=[queue_param()],
         request="QueueSettings",
         responses={200: "Queue", 201: "Queue"},
-        errors={400: ["invalid_queue_name", "invalid_setting"]},
+        errors=merge_errors({400: ["invalid_queue_name", "invalid_setting"]}, STORE_ERRORS),
         body=True,
     )
     def put(self, request: Request, queue: str) -> Response:
@@ -164,7 +165,7 @@ class QueueView(ApiView):
         scopes=("manage",),
         parameters=[queue_param()],
         responses={204: None},
-        errors=QUEUE_ERRORS,
+        errors=merge_errors(QUEUE_ERRORS, STORE_ERRORS),
     )
     def delete(self, request: Request, queue: str) -> Response:
         require(request, "manage", queue=queue)
@@ -234,7 +235,7 @@ class QueueItemsView(ApiView):
                 400: ["invalid"],
                 409: ["busy", "scheduled_beyond_timeout"],
                 413: ["batch_too_large"],
-                503: ["overloaded"],
+                503: ["overloaded", "store_error"],
             },
         ),
         body=True,
@@ -268,7 +269,7 @@ class BulkDeleteView(ApiView):
         parameters=[queue_param()],
         request="BulkDelete",
         responses={200: "Deleted"},
-        errors=merge_errors(QUEUE_ERRORS, {400: ["invalid_id", "invalid"]}),
+        errors=merge_errors(QUEUE_ERRORS, {400: ["invalid_id", "invalid"]}, STORE_ERRORS),
         body=True,
     )
     def post(self, request: Request, queue: str) -> Response:
@@ -291,7 +292,7 @@ class ClaimView(ApiView):
         parameters=[queue_param()],
         request="Claim",
         responses={200: "Claimed"},
-        errors=merge_errors(QUEUE_ERRORS, {400: ["invalid"]}),
+        errors=merge_errors(QUEUE_ERRORS, {400: ["invalid"]}, STORE_ERRORS),
         body=True,
     )
     def post(self, request: Request, queue: str) -> Response:
@@ -334,7 +335,7 @@ class ItemView(ApiView):
         scopes=("produce",),
         parameters=[item_param(), wait_param()],
         responses={200: "Item"},
-        errors=merge_errors(ITEM_ERRORS, {400: ["invalid_wait"]}),
+        errors=merge_errors(ITEM_ERRORS, {400: ["invalid_wait"]}, STORE_ERRORS),
     )
     def get(self, request: Request, item_id: str) -> Response:
         params_.item_id(item_id)
@@ -355,7 +356,7 @@ class ItemView(ApiView):
         scopes=("produce", "manage"),
         parameters=[item_param()],
         responses={204: None},
-        errors=ITEM_ERRORS,
+        errors=merge_errors(ITEM_ERRORS, STORE_ERRORS),
     )
     def delete(self, request: Request, item_id: str) -> Response:
         params_.item_id(item_id)
@@ -372,7 +373,7 @@ class RestartView(ApiView):
         scopes=("manage",),
         parameters=[item_param()],
         responses={200: "Item"},
-        errors=merge_errors(ITEM_ERRORS, {409: ["not_failed"]}),
+        errors=merge_errors(ITEM_ERRORS, {409: ["not_failed"]}, STORE_ERRORS),
     )
     def post(self, request: Request, item_id: str) -> Response:
         params_.item_id(item_id)
@@ -392,7 +393,9 @@ class CancelView(ApiView):
         parameters=[item_param()],
         request="Cancel",
         responses={200: "Item"},
-        errors=merge_errors(ITEM_ERRORS, {400: ["invalid_reason"], 409: ["terminal"]}),
+        errors=merge_errors(
+            ITEM_ERRORS, {400: ["invalid_reason"], 409: ["terminal"]}, STORE_ERRORS
+        ),
         body=True,
     )
     def post(self, request: Request, item_id: str) -> Response:
@@ -415,7 +418,7 @@ class AttemptsView(ApiView):
         scopes=("produce", "manage"),
         parameters=[item_param()],
         responses={200: "Attempts"},
-        errors=ITEM_ERRORS,
+        errors=merge_errors(ITEM_ERRORS, STORE_ERRORS),
     )
     def get(self, request: Request, item_id: str) -> Response:
         params_.item_id(item_id)
@@ -432,7 +435,7 @@ class ProgressView(ApiView):
         parameters=[item_param()],
         request="Progress",
         responses={200: "Progressed"},
-        errors=merge_errors(ITEM_ERRORS, {400: ["invalid_lease"]}),
+        errors=merge_errors(ITEM_ERRORS, {400: ["invalid_lease"]}, STORE_ERRORS),
         body=True,
     )
     def post(self, request: Request, item_id: str) -> Response:
@@ -507,7 +510,7 @@ class ResultView(ApiView):
         parameters=[item_param()],
         request="Result",
         responses={200: "Verdict"},
-        errors={400: ["invalid_id"]},
+        errors=merge_errors({400: ["invalid_id"]}, STORE_ERRORS),
         body=True,
     )
     def post(self, request: Request, item_id: str) -> Response:
@@ -534,7 +537,9 @@ class FailView(ApiView):
         request="Fail",
         responses={200: "Verdict"},
         errors=merge_errors(
-            ITEM_ERRORS, {400: ["invalid_lease", "invalid_error", "invalid_retry"]}
+            ITEM_ERRORS,
+            {400: ["invalid_lease", "invalid_error", "invalid_retry"]},
+            STORE_ERRORS,
         ),
         body=True,
     )
@@ -556,7 +561,7 @@ class ExtendView(ApiView):
         parameters=[item_param()],
         request="Extend",
         responses={200: "Extended"},
-        errors=merge_errors(ITEM_ERRORS, {400: ["invalid_lease", "invalid_seconds"]}),
+        errors=merge_errors(ITEM_ERRORS, {400: ["invalid_lease", "invalid_seconds"]}, STORE_ERRORS),
         body=True,
     )
     def post(self, request: Request, item_id: str) -> Response:

@@ -426,3 +426,42 @@ def test_a_marked_item_asked_for_by_name_is_refused_and_among_many_passed_by(
     time.sleep(1.2)  # (a try to write it again passes)
     _refused_as_not_durable(api.delete(f"/api/items/{ids[0]}"))
 
+
+def test_every_refusal_of_a_marked_item_is_a_503_its_operation_documents(
+    api: APIClient, make_queue: Any
+) -> None:
+    # Each operation on an item left marked (its file zeros: set aside for repair) is
+    # refused with 503 ``store_error``, and /api/schema names that code among the 503s of
+    # that operation (it named ``unavailable`` alone before: a generated client had no
+    # word for the rest).
+    schema = api.get("/api/schema", HTTP_ACCEPT="application/json").json()
+    listed = {
+        op["operationId"]: op["responses"]["503"]["description"].split("`error.code`: ")[1]
+        for path in schema["paths"].values()
+        for op in path.values()
+        if "`error.code`" in op["responses"].get("503", {}).get("description", "")
+    }
+    make_queue("q")
+    item_id = _posted(api, key="k")
+    lease = api.post("/api/queues/q/claim", {}, format="json").json()["items"][0]["lease"]
+    _zeros(item_id)
+    _mark(item_id)
+    asked = {
+        "postItems": ("post", "/api/queues/q/items", {"payload": 1, "key": "k"}),
+        "submitResult": ("post", f"/api/items/{item_id}/result", {"result": 1}),
+        "failItem": ("post", f"/api/items/{item_id}/fail", {"lease": lease}),
+        "extendLease": ("post", f"/api/items/{item_id}/extend", {"lease": lease}),
+        "reportProgress": (
+            "post",
+            f"/api/items/{item_id}/progress",
+            {"lease": lease, "progress": 1},
+        ),
+        "cancelItem": ("post", f"/api/items/{item_id}/cancel", {}),
+        "deleteItem": ("delete", f"/api/items/{item_id}", None),
+    }
+    for op_id, (method, path, body) in asked.items():
+        answer = getattr(api, method)(path, body, format="json")
+        assert answer.status_code == 503, (op_id, answer.content[:300])
+        code = answer.json()["error"]["code"]
+        assert code in listed[op_id].rstrip(".").split(", "), (op_id, code, listed[op_id])
+    assert Item.objects.get(id=item_id).status == "processing"  # nothing changed

@@ -106,6 +106,9 @@ def test_every_authenticated_operation_names_its_scopes_and_answers_the_error_en
             answer = op["responses"][status]["content"]["application/json"]["schema"]
             assert answer == {"$ref": "#/components/schemas/Error"}, (op_id, status)
             assert "`error.code`" in op["responses"][status]["description"]
+        # Any keyed request may find the database away, or every request thread taken.
+        busy = op["responses"]["503"]["description"].split("`error.code`: ")[1]
+        assert {"overloaded", "unavailable"} <= set(busy.rstrip(".").split(", ")), op_id
         assert set(op["x-scopes"]) <= {"produce", "work", "manage"}, op_id
     error = schema["components"]["schemas"]["Error"]
     assert error["properties"]["error"]["required"] == ["code", "message"]
