@@ -365,7 +365,9 @@ class WorkConsumer(AsyncWebsocketConsumer):
     def _error_frame(self, exc: TaskhosterError, item_id: Any) -> dict[str, Any]:
         return error_frame(exc.code, exc.message, item_id)
 
-    def _unavailable(self, message: dict[str, Any], exc: Exception) -> dict[str, Any]:
+    def _unavailable(
+        self, message: dict[str, Any], exc: Exception, then: str = "send this frame again"
+    ) -> dict[str, Any]:
         """The database did not answer (a restart, an outage), or the state root took no
         write (full, read-only): the frame changed nothing, the socket stays open, and the
         worker sends the frame again later (as a REST call gets 503 ``unavailable`` or
@@ -378,7 +380,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
         log.warning(
             "socket frame %r for item %s: %s: %s", message.get("type"), message.get("id"), what, exc
         )
-        return error_frame(UNAVAILABLE, f"{what}; send this frame again", message.get("id"))
+        return error_frame(UNAVAILABLE, f"{what}; {then}", message.get("id"))
 
     def _failed(self, message: dict[str, Any]) -> dict[str, Any]:
         """An unexpected exception while handling a frame: log it with the item, and answer
@@ -450,8 +452,7 @@ class WorkConsumer(AsyncWebsocketConsumer):
         except engine.RETRYABLE as exc:
             # Nothing to wait on: a subscription whose queues are unknown takes nothing. The
             # socket is closed once this is sent (4503); the worker connects again later.
-            frame = self._unavailable(message, exc)
-            frame["message"] = "the database did not answer; connect again later"
+            frame = self._unavailable(message, exc, "connect again later")
             self.outbox.put_nowait(_now({**frame, CLOSES: CLOSE_UNAVAILABLE}))
         except TaskhosterError as exc:
             self.outbox.put_nowait(_now(self._error_frame(exc, None)))
