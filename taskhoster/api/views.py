@@ -423,7 +423,7 @@ class AttemptsView(ApiView):
     def get(self, request: Request, item_id: str) -> Response:
         params_.item_id(item_id)
         require_item(request, item_id, "produce", "manage")
-        story, omitted = engine.attempts(item_id=item_id)
+        story, omitted = engine.attempts(item_id=item_id, producer_read=True)
         return Response({"attempts": story, "omitted": omitted})
 
 

@@ -14,7 +14,7 @@ from django.db.models import Sum
 
 from .. import events
 from ..conf import get_conf
-from ..errors import ItemNotFound
+from ..errors import ItemNotFound, NotYetDurable
 from ..models import Item, Queue, QueueCount
 from ..status import Status
 from ..store import FileMissing, Record
@@ -22,7 +22,7 @@ from ..timeutil import to_wire
 from . import rows as sql
 from .common import store
 from .rules import ItemRow, stop_reason
-from .transitions import mark_fetched
+from .transitions import mark_fetched, write_again
 
 
 def stopped_holds(item_ids: Iterable[str]) -> dict[str, str]:
@@ -81,10 +81,13 @@ def store_root() -> Path:
 
 
 def get_item(*, item_id: str, producer_read: bool = False) -> tuple[ItemRow, Record]:
-    """The item's row and file. A producer's read of a terminal item marks it fetched."""
+    """The item's row and file. A producer's read of a terminal item marks it fetched, and
+    of an item marked ``unflushed`` writes its file again first (``durable_row``)."""
     row = get_row(item_id)
     if row is None:
         raise ItemNotFound(f"item {item_id!r} does not exist")
+    if producer_read:
+        row = durable_row(row)
     try:
         _state, record = store().read_any(row.queue_name, row.id, Status(row.status).state)
     except FileMissing:
@@ -98,17 +101,40 @@ ATTEMPTS_FIRST = 10  # an item's story shows its first attempts,
 ATTEMPTS_LAST = 40  # and its latest, with a count of those left out between
 
 
-def attempts(*, item_id: str) -> tuple[list[dict[str, Any]], int]:
+def durable_row(row: ItemRow) -> ItemRow:
+    """``row``, or, marked ``unflushed`` (its file left by a flush that failed after its
+    group committed), the row once its file is written again and durable: what the cache
+    says of it otherwise is what a power cut may take back (a result the producer acted
+    on, gone, and the item run again). Refused (``NotYetDurable``) while it cannot be
+    written (the disk still refuses, or the file does not read as the row says). The
+    rewrite runs in the committer (a process of its own, by default): a look here would
+    reach none."""
+    if not row.unflushed:
+        return row
+    write_again(item_id=row.id)
+    again = get_row(row.id)
+    if again is None:
+        raise ItemNotFound(f"item {row.id!r} does not exist")
+    if again.unflushed:
+        raise NotYetDurable()
+    return again
+
+
+def attempts(*, item_id: str, producer_read: bool = False) -> tuple[list[dict[str, Any]], int]:
     """Section 8.2: the item's attempts, oldest first, and how many were left out between
     its first ``ATTEMPTS_FIRST`` and its last ``ATTEMPTS_LAST``.
 
     Each ended attempt is told by the line its ending wrote to the item's file (``ended``:
     durable with that line, so with every acknowledged outcome); the running one by the
-    item's row. A claim writes nothing durable of its own.
+    item's row. A claim writes nothing durable of its own. A producer's read of an item
+    marked ``unflushed`` writes its file again first (``durable_row``); an operator's (the
+    admin) shows the file as it reads.
     """
     row = get_row(item_id)
     if row is None:
         raise ItemNotFound(f"item {item_id!r} does not exist")
+    if producer_read:
+        row = durable_row(row)
     try:
         lines = store().read_lines(row.queue_name, row.id, Status(row.status).state)
     except FileMissing:

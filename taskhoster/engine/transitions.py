@@ -34,6 +34,7 @@ from .ops import (
     Requeue,
     Restart,
     Result,
+    Rewrite,
     Sweep,
     Verdict,
 )
@@ -186,3 +187,11 @@ def mark_fetched(*, item_id: str) -> datetime | None:
     """A producer read a terminal item: start its ``fetched`` retention clock (once).
     Returns when it was first fetched (None if the item is not terminal or gone)."""
     return execute(MarkFetched(item_id=item_id, at=utcnow()))
+
+
+def write_again(*, item_id: str) -> int:
+    """An item marked ``unflushed`` is asked for: write its file again now, in the committer
+    (``Group.rewrite``; its mark is cleared once that is durable). Answers 1 if it wrote it,
+    0 if it could not (the disk still refuses, or the file does not read as its row says:
+    the mark stands) or the item needed nothing."""
+    return execute(Rewrite((item_id,)))

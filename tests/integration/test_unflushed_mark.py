@@ -465,3 +465,69 @@ def test_every_refusal_of_a_marked_item_is_a_503_its_operation_documents(
         code = answer.json()["error"]["code"]
         assert code in listed[op_id].rstrip(".").split(", "), (op_id, code, listed[op_id])
     assert Item.objects.get(id=item_id).status == "processing"  # nothing changed
+
+
+def _finished(api: APIClient) -> str:
+    """An item posted, claimed and finished with the result "done"."""
+    item_id = _posted(api)
+    assert [i["id"] for i in api.post("/api/queues/q/claim", {}, format="json").json()["items"]]
+    taken = api.post(f"/api/items/{item_id}/result", {"result": "done"}, format="json")
+    assert taken.json()["accepted"] is True, taken.content[:300]
+    return item_id
+
+
+@pytest.mark.parametrize("read", ["item", "attempts"])
+def test_a_producers_read_of_a_marked_item_writes_its_file_again_before_it_answers(
+    api: APIClient, make_queue: Any, read: str
+) -> None:
+    # What the producer would read (a result, an attempt's story) is the cache's until the
+    # file is durable: a power cut may take it back after the producer acted on it. So the
+    # file is written again, and durable, before the answer. Before, the read answered
+    # from the cache and left the mark standing.
+    make_queue("q")
+    item_id = _finished(api)
+    inode = _mark(item_id)
+    path = f"/api/items/{item_id}" + ("/attempts" if read == "attempts" else "")
+    answer = api.get(path)
+    assert answer.status_code == 200, answer.content[:300]
+    _written_again(item_id, inode)  # already: not by a later look
+    if read == "item":
+        assert answer.json()["result"] == "done"
+
+
+@pytest.mark.parametrize("read", ["item", "attempts"])
+@pytest.mark.parametrize("found", ["zeros", "an older copy"])
+def test_a_producers_read_of_a_marked_item_that_cannot_be_written_again_is_refused(
+    api: APIClient, make_queue: Any, read: str, found: str
+) -> None:
+    # Its file reads as zeros, or as the copy from before its result (left for repair):
+    # the read is refused, 503 ``store_error``, nothing shown from the cache nor from the
+    # file. Before, the older copy was shown: the item unfinished, no result.
+    make_queue("q")
+    item_id = _posted(api)
+    assert [i["id"] for i in api.post("/api/queues/q/claim", {}, format="json").json()["items"]]
+    before = _file(item_id).read_bytes()
+    taken = api.post(f"/api/items/{item_id}/result", {"result": "done"}, format="json")
+    assert taken.json()["accepted"] is True, taken.content[:300]
+    if found == "zeros":
+        _zeros(item_id)
+    else:
+        _file(item_id).write_bytes(before)
+    _mark(item_id)
+    path = f"/api/items/{item_id}" + ("/attempts" if read == "attempts" else "")
+    _refused_as_not_durable(api.get(path))
+    assert Item.objects.get(id=item_id).unflushed is True
+
+
+def test_a_producers_read_over_a_server_writes_the_marked_file_again_in_its_committer(
+    server_factory: Any, make_key: Any, make_queue: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # In a server the read runs outside the committer process (by default): the file is
+    # written again there, not where the read runs (where nothing would write it).
+    server, item_id = _served_item(server_factory, make_queue, monkeypatch)
+    inode = _mark(item_id)
+    headers = {"Authorization": f"Token {make_key('produce')}"}
+    answer = httpx.get(f"{server.url}/api/items/{item_id}", headers=headers, timeout=10)
+    assert answer.status_code == 200, answer.text[:300]
+    assert answer.json()["payload"] == 1
+    _written_again(item_id, inode)
