@@ -349,7 +349,9 @@ def get(item_id: str) -> Item:
     """The item as ``GET /api/items/{id}`` answers it (a finished item with its ``result``).
 
     As there, reading a finished or failed item starts its ``retainFrom: "fetched"``
-    retention clock. Raises ``InvalidInput`` (``invalid_id``) or ``ItemNotFound``.
+    retention clock. Raises ``InvalidInput`` (``invalid_id``) or ``ItemNotFound``; and
+    ``StoreError`` for an item whose file a failed flush left, while that file cannot be
+    written again, or at once inside a transaction (``engine.reading.durable_row``).
     """
     params.item_id(item_id)
     row, record = engine.get_item(item_id=item_id, producer_read=True)

@@ -670,6 +670,8 @@ class Group:
         the marks then (of the rows still at the ``rev`` written), and wakes the claims."""
         written = 0
         for item_id in op.ids:
+            if op.asked and (item_id in self.rewritten or self._left_to_its_pace(item_id)):
+                continue  # (one file write for many reads: see ``Rewrite.asked``)
             row = self._row(item_id)
             if row is None:
                 self.let_go.add(item_id)  # (its row gone, its mark with it)
@@ -682,6 +684,8 @@ class Group:
                 done = self.files.rewrite(row.queue_name, item_id, row.status.state, row.rev)
             except StoreWriteFailed as exc:
                 log.debug("item %s: its file could not be written again: %s", item_id, exc)
+                if op.asked:
+                    self.store.take_up([item_id])  # tried again at the committer's pace
                 continue
             if done is False and own:
                 # This process wrote it, on this root: gone for every process (a delete
@@ -718,6 +722,14 @@ class Group:
             written += 1
             self.rewritten[item_id] = (row.rev, row.queue_name if row.eligible else None)
         return written
+
+    def _left_to_its_pace(self, item_id: str) -> bool:
+        """Whether this process already writes the item's file again (its own, or taken
+        up: at most once a second) or has set it aside (it does not read as its row says),
+        so that a producer's read leaves it to that."""
+        st = self.store
+        with st.unflushed_lock:
+            return item_id in st.unflushed or item_id in st.taken_up or item_id in st.unflushed_said
 
     def requeue_held(self, op: Requeue) -> Verdict:
         row = self._row(op.item_id)

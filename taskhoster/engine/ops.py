@@ -250,7 +250,14 @@ class Restart(OneItemOp[ItemRow]):
 class Rewrite(ItemsOp[int]):
     """The committer's own: write the files of ``ids`` again as new files, which a flush
     failed to make durable after their group committed (``runner``: nothing else is
-    changed until it succeeds). Answers how many it wrote; an item gone since needs none."""
+    changed until it succeeds). Answers how many it wrote; an item gone since needs none.
+
+    ``asked``: by a producer's read (``reading.durable_row``), which waits for it. An item
+    this committer already writes again at its own pace (its own, taken up) or has set
+    aside (its file does not read as its row says) is left to that, and answers 0: reads
+    in a flood cost no more writes than that pace."""
+
+    asked: bool = False
 
 
 @dataclass(eq=False)

@@ -111,6 +111,11 @@ def durable_row(row: ItemRow) -> ItemRow:
     reach none."""
     if not row.unflushed:
         return row
+    if connection.in_atomic_block:
+        # Inside a caller's own transaction (an embedding's) a rewrite would run there,
+        # its mark's clearing and its locks the caller's: refused, and written again by a
+        # committer's own look at marked rows (every 30 s) or the next read outside one.
+        raise NotYetDurable()
     write_again(item_id=row.id)
     again = get_row(row.id)
     if again is None:

@@ -194,4 +194,4 @@ def write_again(*, item_id: str) -> int:
     (``Group.rewrite``; its mark is cleared once that is durable). Answers 1 if it wrote it,
     0 if it could not (the disk still refuses, or the file does not read as its row says:
     the mark stands) or the item needed nothing."""
-    return execute(Rewrite((item_id,)))
+    return execute(Rewrite((item_id,), asked=True))

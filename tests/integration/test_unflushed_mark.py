@@ -19,12 +19,15 @@ from typing import Any
 
 import httpx
 import pytest
+from django.db import transaction
 from rest_framework.test import APIClient
 
-from taskhoster import engine
+from taskhoster import engine, local
 from taskhoster.conf import get_conf
 from taskhoster.engine import runner
+from taskhoster.errors import NotYetDurable
 from taskhoster.models import Item
+from taskhoster.store import FileBatch
 
 from .wsclient import connect, recv, subscribe
 
@@ -458,6 +461,8 @@ def test_every_refusal_of_a_marked_item_is_a_503_its_operation_documents(
         ),
         "cancelItem": ("post", f"/api/items/{item_id}/cancel", {}),
         "deleteItem": ("delete", f"/api/items/{item_id}", None),
+        "getItem": ("get", f"/api/items/{item_id}", None),
+        "getAttempts": ("get", f"/api/items/{item_id}/attempts", None),
     }
     for op_id, (method, path, body) in asked.items():
         answer = getattr(api, method)(path, body, format="json")
@@ -519,7 +524,7 @@ def test_a_producers_read_of_a_marked_item_that_cannot_be_written_again_is_refus
     assert Item.objects.get(id=item_id).unflushed is True
 
 
-def test_a_producers_read_over_a_server_writes_the_marked_file_again_in_its_committer(
+def test_a_producers_read_over_a_server_writes_the_marked_file_again_before_it_answers(
     server_factory: Any, make_key: Any, make_queue: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # In a server the read runs outside the committer process (by default): the file is
@@ -531,3 +536,43 @@ def test_a_producers_read_over_a_server_writes_the_marked_file_again_in_its_comm
     assert answer.status_code == 200, answer.text[:300]
     assert answer.json()["payload"] == 1
     _written_again(item_id, inode)
+
+
+def test_a_producers_read_inside_a_transaction_is_refused_and_writes_nothing(
+    make_queue: Any, api: APIClient
+) -> None:
+    # Inside a caller's own transaction (an embedding's) the rewrite would run there: its
+    # clearing of the mark and its locks the caller's, its wake-up of the claims before
+    # the caller commits. Refused instead, the file left as it is; outside one, answered.
+    make_queue("q")
+    item_id = _finished(api)
+    inode = _mark(item_id)
+    with pytest.raises(NotYetDurable), transaction.atomic():
+        local.get(item_id)
+    assert Item.objects.get(id=item_id).unflushed is True
+    assert _file(item_id).stat().st_ino == inode
+    assert local.get(item_id)["result"] == "done"
+    _written_again(item_id, inode)
+
+
+def test_reads_of_a_marked_item_in_a_flood_write_its_file_once(
+    make_queue: Any, api: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each read hands a rewrite to the committer; one that this committer already writes
+    # again at its pace, or has set aside (here: its file reads as zeros), is left to that.
+    # Before, every read tried the file again (twenty reads, twenty tries).
+    make_queue("q")
+    item_id = _finished(api)
+    _zeros(item_id)
+    _mark(item_id)
+    tries: list[str] = []
+    real = FileBatch.rewrite
+
+    def counted(self: FileBatch, queue: str, item: str, *args: Any) -> Any:
+        tries.append(item)
+        return real(self, queue, item, *args)
+
+    monkeypatch.setattr(FileBatch, "rewrite", counted)
+    for _ in range(20):
+        _refused_as_not_durable(api.get(f"/api/items/{item_id}"))
+    assert tries == [item_id], len(tries)
