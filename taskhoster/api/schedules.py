@@ -16,6 +16,7 @@ from .cursors import decode_cursor, encode_cursor
 from .schema import (
     QUEUE_ERRORS,
     SCHEDULE_ERRORS,
+    STORE_ERRORS,
     cursor_param,
     documented,
     limit_param,
@@ -79,6 +80,7 @@ class ScheduleView(ApiView):
         errors=merge_errors(
             SCHEDULE_ERRORS,
             {400: ["invalid_schedule", "invalid_thread_id", "invalid", "missing_field"]},
+            STORE_ERRORS,  # (its definition is kept beside the queue's items too)
         ),
         body=True,
     )
@@ -97,7 +99,7 @@ class ScheduleView(ApiView):
         scopes=("manage",),
         parameters=[queue_param(), schedule_param()],
         responses={204: None},
-        errors=SCHEDULE_ERRORS,
+        errors=merge_errors(SCHEDULE_ERRORS, STORE_ERRORS),
     )
     def delete(self, request: Request, queue: str, name: str) -> Response:
         require(request, "manage", queue=queue)

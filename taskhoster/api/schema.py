@@ -112,10 +112,11 @@ AUTH_ERRORS = {
     403: ["forbidden"],
     503: ["overloaded", "unavailable"],
 }
-# ... and those that hand an operation to the committer or read an item's file, these: the
-# state root did not take a write or a flush (full, read-only), an item's file left by a
-# failed flush is not yet written again, the committer stopped, or whether a commit whose
-# connection was lost committed could not be learnt in time.
+# ... and those that hand an operation to the committer, read an item's file or write a
+# queue's definitions beside its items (a schedule's), these: the state root did not take
+# a write or a flush (full, read-only), an item's file left by a failed flush is not yet
+# written again, the committer stopped, or whether a commit whose connection was lost
+# committed could not be learnt in time.
 STORE_ERRORS = {503: ["store_error"]}
 ERROR_TEXT = {
     400: "Invalid request",
