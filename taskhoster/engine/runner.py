@@ -509,7 +509,9 @@ class Committer:
             if time.monotonic() - adopted >= ADOPT_EVERY_SECONDS:
                 adopt_unflushed()  # (never raises)
                 adopted = time.monotonic()
-            if store().taken_up:  # (rate-limited; this process's own at the gate and idle)
+            if store().taken_up or store().unflushed:  # (at most once a second)
+                # Its own too, not only at the gate and when idle: groups that pass the gate
+                # (a producer's reads, which leave them to this) could keep it from both.
                 _unflushed_written_again(self.shard)
             group = self._take()
             if group is None:

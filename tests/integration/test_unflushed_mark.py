@@ -25,6 +25,7 @@ from rest_framework.test import APIClient
 from taskhoster import engine, local
 from taskhoster.conf import get_conf
 from taskhoster.engine import runner
+from taskhoster.engine.common import store
 from taskhoster.errors import NotYetDurable
 from taskhoster.models import Item
 from taskhoster.store import FileBatch
@@ -573,6 +574,28 @@ def test_reads_of_a_marked_item_in_a_flood_write_its_file_once(
         return real(self, queue, item, *args)
 
     monkeypatch.setattr(FileBatch, "rewrite", counted)
+    monkeypatch.setattr(runner, "ADOPT_EVERY_SECONDS", 3600.0)  # (a look would try it again)
     for _ in range(20):
         _refused_as_not_durable(api.get(f"/api/items/{item_id}"))
     assert tries == [item_id], len(tries)
+
+
+def test_reads_in_a_flood_do_not_keep_a_process_from_writing_its_own_files_again(
+    make_queue: Any, api: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An item whose file this process's own flush failed to make durable: a read leaves it
+    # to the committer's pace (once a second). The reads pass the gate and keep the
+    # committer busy; before, it tried its own files only at the gate (to which nothing
+    # else came) and when idle (never, under the reads), and every read was refused for
+    # as long as they came.
+    monkeypatch.setattr(runner, "ADOPT_EVERY_SECONDS", 3600.0)
+    make_queue("q")
+    item_id = _finished(api)
+    inode = _mark(item_id)
+    store().add_unflushed([item_id])  # as this process's own failed flush leaves it
+    deadline = time.monotonic() + 6
+    while (answer := api.get(f"/api/items/{item_id}")).status_code != 200:
+        assert time.monotonic() < deadline, answer.content[:300]
+        time.sleep(0.05)
+    assert answer.json()["result"] == "done"
+    _written_again(item_id, inode)
