@@ -292,24 +292,18 @@ def test_a_marked_item_left_for_repair_does_not_keep_waiting_workers_claiming(
     # and again: it waits for news. Before, the dispatcher saw a due item its claim had
     # passed by and looked again every 50 ms: some 20 group commits a second, for ever, on
     # every process with a worker of the queue.
-    server, item_id = _served_item(
-        server_factory, make_queue, monkeypatch, TASKHOSTER_SOCKET_BACKSTOP_SECONDS="60"
+    server, item_id, key = _served_item_left_for_repair(
+        server_factory, make_queue, make_key, monkeypatch, TASKHOSTER_SOCKET_BACKSTOP_SECONDS="60"
     )
-    key = make_key()
-    _zeros(item_id)
-    _mark(item_id)
-
-    def commits() -> float:
-        return _group_commits(server, key)
 
     async def waiting() -> tuple[float, float]:
         ws = await connect(server, key)
         try:
             await subscribe(ws, ["q"], 1)
             await asyncio.sleep(1.5)  # its first claim, and the try to write the file again
-            before = await asyncio.to_thread(commits)
+            before = await asyncio.to_thread(_group_commits, server, key)
             await asyncio.sleep(3)
-            return before, await asyncio.to_thread(commits)
+            return before, await asyncio.to_thread(_group_commits, server, key)
         finally:
             await ws.close()
 
@@ -324,12 +318,9 @@ def test_a_marked_item_left_for_repair_does_not_keep_a_long_poll_claiming(
     # The long-poll's share of the rule above: a claim that waits asks when the queue's
     # next item comes due, and a marked one is not due. Before, it was, in the past: the
     # long-poll claimed again every 10 ms (some 300 group commits in 3 s).
-    server, item_id = _served_item(
-        server_factory, make_queue, monkeypatch, TASKHOSTER_LONG_POLL_INTERVAL="60"
+    server, item_id, key = _served_item_left_for_repair(
+        server_factory, make_queue, make_key, monkeypatch, TASKHOSTER_LONG_POLL_INTERVAL="60"
     )
-    key = make_key()
-    _zeros(item_id)
-    _mark(item_id)
     headers = {"Authorization": f"Token {key}"}
     # Its first claim takes the item up and finds its file zeros: set aside from then on.
     first = httpx.post(f"{server.url}/api/queues/q/claim", json={}, headers=headers, timeout=10)
@@ -347,6 +338,17 @@ def test_a_marked_item_left_for_repair_does_not_keep_a_long_poll_claiming(
     assert took >= 2.9, took  # it waited (the rule under test is what it did meanwhile)
     assert after - before <= 6, (before, after)
     assert Item.objects.get(id=item_id).unflushed is True
+
+
+def _served_item_left_for_repair(
+    server_factory: Any, make_queue: Any, make_key: Any, monkeypatch: pytest.MonkeyPatch, **env: str
+) -> tuple[Any, str, str]:
+    """``_served_item`` with its file made zeros and its row marked (it stays marked, for
+    repair, once met), and a key."""
+    server, item_id = _served_item(server_factory, make_queue, monkeypatch, **env)
+    _zeros(item_id)
+    _mark(item_id)
+    return server, item_id, make_key()
 
 
 def _group_commits(server: Any, key: str) -> float:
