@@ -60,6 +60,10 @@ MEASUREMENTS = {
     # name: (description, threads, unit)
     "post": ("post single item, 1 client", 1, "items"),
     "post-x4": (f"post single item, {CONCURRENCY} clients", CONCURRENCY, "items"),
+    # The same post through the Python producer (taskhoster.client.Producer, no idempotency
+    # key made up): on its own HTTP, as it calls an http:// server, and on httpx.
+    "post-producer": ("post single item, Producer, 1 client", 1, "items"),
+    "post-producer-httpx": ("post single item, Producer on httpx, 1 client", 1, "items"),
     "batch500": (f"post batches of {BATCH_SIZE}, 1 client", 1, "items"),
     "claim": ("claim(max=1)+result, 1 worker", 1, "round trips"),
     "claim-x4": (f"claim(max=1)+result, {CONCURRENCY} workers", CONCURRENCY, "round trips"),
@@ -476,13 +480,35 @@ def expect(response: httpx.Response, status: int) -> httpx.Response:
     return response
 
 
-Op = Callable[[httpx.Client], int]  # returns units done; 0 = nothing left to do
+Op = Callable[[Any], int]  # given its client; returns units done; 0 = nothing left to do
+PRODUCER_POSTS = ("post-producer", "post-producer-httpx")
+
+
+def client_of(name: str) -> Callable[[str, str], Any]:
+    """What a measurement's clients are opened with: an httpx client, or for the
+    producer's posts a :class:`taskhoster.client.Producer` (on httpx for ``-httpx``)."""
+    if name not in PRODUCER_POSTS:
+        return make_client
+    from taskhoster.client import Producer
+
+    def producer(url: str, key: str) -> Any:
+        transport = httpx.HTTPTransport() if name.endswith("-httpx") else None
+        return Producer(url, key, auto_key=False, retries=0, transport=transport)
+
+    return producer
 
 
 def make_op(name: str, payload_bytes: int) -> tuple[Op, int, int]:
     """The operation of a measurement, its units per call and its requests per call."""
     counter = itertools.count()
     items_url = f"/api/queues/{QUEUE}/items"
+    if name in PRODUCER_POSTS:
+
+        def post_by_producer(producer: Any) -> int:
+            producer.post(QUEUE, payload(next(counter), payload_bytes))
+            return 1
+
+        return post_by_producer, 1, 1
     if name in ("post", "post-x4"):
 
         def post_one(client: httpx.Client) -> int:
@@ -545,10 +571,22 @@ class Outcome:
 
 
 def run_load(
-    url: str, key: str, op: Op, *, threads: int, seconds: float, cap: int, unit: int, warmup: int
+    url: str,
+    key: str,
+    op: Op,
+    *,
+    threads: int,
+    seconds: float,
+    cap: int,
+    unit: int,
+    warmup: int,
+    open_client: Callable[[str, str], Any] = make_client,
 ) -> Outcome:
-    """Run ``op`` in ``threads`` threads (one keep-alive connection each) for ``seconds``,
-    or until ``cap`` units are done, or until the op finds nothing left to do."""
+    """Run ``op`` in ``threads`` threads (one keep-alive connection each, opened with
+    ``open_client``) for ``seconds``, or until ``cap`` units are done, or until the op
+    finds nothing left to do."""
+    from taskhoster.client import TaskhosterError
+
     lock = threading.Lock()
     stop = threading.Event()
     barrier = threading.Barrier(threads + 1, timeout=120)
@@ -567,7 +605,7 @@ def run_load(
     def worker() -> None:
         mine: list[float] = []
         try:
-            with make_client(url, key) as client:
+            with open_client(url, key) as client:
                 for _ in range(warmup):  # opens the connection and warms the server's caches
                     op(client)
                 barrier.wait()
@@ -577,7 +615,7 @@ def run_load(
                     t0 = time.perf_counter()
                     try:
                         done = op(client)
-                    except (BenchError, httpx.HTTPError) as exc:
+                    except (BenchError, httpx.HTTPError, TaskhosterError) as exc:
                         with lock:
                             state["errors"] += 1
                             if len(notes) < 3:
@@ -1042,6 +1080,7 @@ def measure_once(
             cap=cap,
             unit=unit,
             warmup=args.warmup,
+            open_client=client_of(name),
         )
     finally:
         if cpu:

@@ -5,8 +5,11 @@ enqueue, single enqueue, backlog drain, end to end, latency at a fixed rate) aga
 daphne on a free port, with a fresh database and state root (SQLite and fsync on by default,
 the embedded default configuration), and writes the peers' JSON into ``BENCH_OUT``:
 
-- enqueue = one ``POST /api/queues/bench/items`` over one keep-alive httpx connection, batch
-  enqueue = ``{"items": [...]}``; purge = delete the queue's pending items;
+- enqueue = ``Producer.post`` of the Python client (``taskhoster.client``: one keep-alive
+  connection, no idempotency key made up), as an application posts; batch enqueue =
+  ``Producer.post_many``; with ``BENCH_CLIENT=httpx``, both are requests written by hand on
+  one keep-alive httpx connection (the harness before 2026-12-06); purge = delete the
+  queue's pending items;
 - W (``BENCH_W``) worker processes, one ``/work`` socket each (capacity 16, and the socket's
   optional ``batch`` of 16 unless ``BENCH_SOCKET_BATCH=1``), call ``common.record(payload)``
   for each item pushed and answer it with a result at once (the results of one ``items``
@@ -149,21 +152,33 @@ def start_server(
 
 
 class Ops:
-    """The harness's producer side: one keep-alive httpx connection to the server."""
+    """The harness's producer side: the Python producer (or, with ``BENCH_CLIENT=httpx``,
+    requests written by hand on httpx); purge and counts on httpx."""
 
     def __init__(self, url: str, key: str, queue: str = QUEUE) -> None:
+        from taskhoster.client import Producer
+
         self.client = make_client(url, key)
+        by_hand = os.environ.get("BENCH_CLIENT", "producer") == "httpx"
+        self.producer = None if by_hand else Producer(url, key, auto_key=False, retries=0)
+        self.queue = queue
         self.items_url = f"/api/queues/{queue}/items"
         self.queue_url = f"/api/queues/{queue}"
         self.phase = "setup"  # the last phase posted to: named when a run is aborted
 
     def enqueue(self, payload: dict[str, Any]) -> None:
         self.phase = str(payload.get("ph"))
+        if self.producer is not None:
+            self.producer.post(self.queue, payload)
+            return
         body = json.dumps({"payload": payload})
         expect(self.client.post(self.items_url, content=body, headers=JSON_HEADERS), 201)
 
     def enqueue_batch(self, payloads: list[dict[str, Any]]) -> None:
         self.phase = str(payloads[0].get("ph")) if payloads else self.phase
+        if self.producer is not None:
+            self.producer.post_many(self.queue, payloads)
+            return
         body = json.dumps({"items": [{"payload": p} for p in payloads]})
         expect(self.client.post(self.items_url, content=body, headers=JSON_HEADERS), 201)
 
@@ -187,6 +202,8 @@ class Ops:
 
     def close(self) -> None:
         self.client.close()
+        if self.producer is not None:
+            self.producer.close()
 
 
 # -- the worker processes ------------------------------------------------------------------

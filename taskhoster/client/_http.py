@@ -11,14 +11,15 @@ import json
 import os
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import quote
 
 import httpx
 
+from ._wire import WireError
 from .errors import APIError, ConfigError, ConnectionFailed, api_error
 from .models import (
     AttemptHistory,
@@ -127,7 +128,28 @@ class Call(Generic[T]):
 MAX_RETRY_AFTER = 30.0
 
 
-def retry_after(response: httpx.Response) -> float | None:
+class Reply(Protocol):
+    """What is read of an answer: httpx's ``Response`` and the wire's ``Answer`` alike."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def reason_phrase(self) -> str: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def content(self) -> bytes: ...
+
+    @property
+    def text(self) -> str: ...
+
+    def json(self) -> Any: ...
+
+
+def retry_after(response: Reply) -> float | None:
     """The answer's ``Retry-After`` in seconds (a number of seconds; an HTTP date is not
     sent by the server), at most ``MAX_RETRY_AFTER``; None without one."""
     value = response.headers.get("retry-after")
@@ -142,7 +164,7 @@ def retry_after(response: httpx.Response) -> float | None:
     return min(seconds, MAX_RETRY_AFTER)
 
 
-def _refused_unseen(response: httpx.Response) -> bool:
+def _refused_unseen(response: Reply) -> bool:
     """A 503 ``overloaded``: refused before the server did anything with the call."""
     if response.status_code != 503:
         return False
@@ -160,9 +182,14 @@ class Attempt:
         self.retries = retries
         self.number = 0
 
-    def on_transport_error(self, exc: httpx.TransportError) -> float:
+    def on_transport_error(self, exc: httpx.TransportError | WireError) -> float:
         """Seconds to wait before resending; raises ConnectionFailed when it must not."""
-        never_sent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
+        if isinstance(exc, WireError):
+            never_sent = exc.never_sent
+        else:
+            never_sent = isinstance(
+                exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout
+            )
         if self.number < self.retries and (never_sent or self.call.idempotent):
             self.number += 1
             return retry_delay(self.number - 1)
@@ -171,7 +198,7 @@ class Attempt:
             code="connection_failed",
         ) from exc
 
-    def on_answer(self, response: httpx.Response) -> float | None:
+    def on_answer(self, response: Reply) -> float | None:
         """Seconds to wait before resending this answer's call, or None to read it.
 
         A 502/503/504 is resent when resending is safe, after the server's ``Retry-After``
@@ -187,7 +214,7 @@ class Attempt:
         after = retry_after(response)
         return backoff if after is None else max(after * random.uniform(1.0, 1.25), backoff)
 
-    def read(self, response: httpx.Response) -> Any:
+    def read(self, response: Reply) -> Any:
         """The parsed answer, or the typed error it carries."""
         if response.status_code == 404 and self.call.gone_ok and self.number > 0:
             return self.call.parse(None)
@@ -206,7 +233,7 @@ class Attempt:
         return self.call.parse(data)
 
 
-def error_of(response: httpx.Response) -> APIError:
+def error_of(response: Reply) -> APIError:
     try:
         data = response.json()
         error = data["error"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -499,6 +500,63 @@ def test_an_unreachable_server_raises_connection_failed_after_the_retries(key, p
         producer.queues()
     assert proxy.accepted == 3  # the first try and two resends
     assert time.monotonic() - started < 5
+
+
+def test_a_kept_connection_the_server_closed_while_idle_carries_no_call(server, key, proxy):
+    # A post without a key is not safe to resend: sent on a connection the server had
+    # closed while it sat idle (a restart, an idle timeout), it would fail for nothing.
+    with Producer(server.url, key) as direct:
+        direct.put_queue("q")
+    with Producer(proxy.url, key, auto_key=False, retries=0) as producer:
+        producer.post("q", 1)
+        proxy.drop_all()
+        time.sleep(0.2)  # the close reaches the producer's end
+        producer.post("q", 2)
+        assert proxy.accepted == 2
+    with Producer(server.url, key) as direct:
+        assert direct.queue("q").counts["pending"] == 2
+
+
+def test_a_server_that_does_not_answer_raises_connection_failed_after_the_timeout(key, proxy):
+    proxy.go_dark()
+    started = time.monotonic()
+    with (
+        Producer(proxy.url, key, timeout=0.5, retries=0) as producer,
+        pytest.raises(ConnectionFailed) as failed,
+    ):
+        producer.queues()
+    assert 0.4 < time.monotonic() - started < 3
+    assert "0.5" in str(failed.value)
+
+
+def test_one_producer_shared_by_eight_threads_posts_each_item_once(producer):
+    producer.put_queue("q")
+
+    def post_25(thread: int) -> list[str]:
+        return [producer.post("q", {"thread": thread, "n": n}).id for n in range(25)]
+
+    with ThreadPoolExecutor(8) as pool:
+        ids = [item_id for posted in pool.map(post_25, range(8)) for item_id in posted]
+    assert len(set(ids)) == 200
+    assert sorted(i.id for i in producer.items("q")) == sorted(ids)
+    payloads = sorted((p["thread"], p["n"]) for p in (producer.get(i).payload for i in ids))
+    assert payloads == [(thread, n) for thread in range(8) for n in range(25)]
+
+
+def test_an_http_proxy_of_the_environment_is_honoured_and_no_proxy_too(
+    server, key, proxy, monkeypatch
+):
+    proxy.refuse = True  # the "proxy": a call that goes through it fails
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)
+    with Producer(server.url, key, retries=0) as producer, pytest.raises(ConnectionFailed):
+        producer.queues()
+    assert proxy.accepted == 1
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    with Producer(server.url, key, retries=0) as producer:
+        producer.queues()
+    assert proxy.accepted == 1
 
 
 # -- async -----------------------------------------------------------------------------------
