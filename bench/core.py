@@ -492,6 +492,10 @@ def client_of(name: str) -> Callable[[str, str], Any]:
     from taskhoster.client import Producer
 
     def producer(url: str, key: str) -> Any:
+        from taskhoster.client._wire import plain_http
+
+        if not plain_http(url):
+            raise BenchError(f"{name}: an HTTP proxy is set (HTTP_PROXY, ALL_PROXY): unset it")
         transport = httpx.HTTPTransport() if name.endswith("-httpx") else None
         return Producer(url, key, auto_key=False, retries=0, transport=transport)
 

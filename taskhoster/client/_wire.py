@@ -6,14 +6,19 @@ producer's CPU on it (``docs/performance.md``, "The producer's client"); this se
 request as one write (its line, headers and body together, so the server reads it at once)
 and reads the answer with :class:`http.client.HTTPResponse`. It does only what the producer
 needs: no TLS, no proxies, no redirects, no cookies, no compression. :class:`~.producer.
-Producer` uses it for an ``http://`` address that no proxy variable of the environment
-covers and no ``transport`` was given for; everything else goes through httpx as before.
+Producer` uses it for an ``http://`` address when no HTTP proxy is set and no ``transport``
+was given; everything else goes through httpx as before.
 
 Errors are :class:`WireError`, whose ``never_sent`` says whether the request surely did not
 leave (the connection could not be made): only then may a call that is not safe to resend be
-sent again. A connection kept from an earlier call is looked at before it is used: one the
-server has closed (or written to unasked) while it sat idle is closed and another made, so a
-server's restart or idle timeout does not cost a call that is not safe to resend.
+sent again. As httpx did, a connection idle for more than ``KEEP_IDLE_SECONDS`` is not used
+again (a firewall or load balancer may have forgotten it without a word), and one kept is
+looked at before it is used: one the server has closed (or written to unasked) while it sat
+idle is closed and another made, so a server's restart does not cost a call that is not safe
+to resend (unless its close crosses the call on the way); a request the server answers
+before reading all of it (413 ``too_large`` for a body over its limit) is answered with
+that answer, not with the broken write; and the timeout bounds each write of a body, not
+the whole upload.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import http.client
 import json
 import socket
 import threading
+import time
 import urllib.request
 from collections.abc import Mapping
 from typing import Any
@@ -29,6 +35,8 @@ from urllib.parse import urlencode, urlsplit
 
 #: At most this many idle connections are kept (more are closed as their calls end).
 KEEP_IDLE = 8
+#: An idle connection is not used again after this many seconds (httpx's keep-alive expiry).
+KEEP_IDLE_SECONDS = 5.0
 
 
 class WireError(Exception):
@@ -63,15 +71,13 @@ class Answer:
 
 
 def plain_http(url: str) -> bool:
-    """Whether the wire can serve this base address: ``http://``, with no proxy set for it
-    in the environment (httpx would honour one; this does not)."""
+    """Whether the wire can serve this base address: ``http://``, with no HTTP proxy set
+    (in the environment, or the system's on macOS and Windows, as httpx reads them). Where
+    one is, httpx carries the calls and decides, by ``NO_PROXY``, which go through it."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         return False
-    proxies = urllib.request.getproxies_environment()
-    if not ({"http", "all"} & proxies.keys()):
-        return True
-    return bool(urllib.request.proxy_bypass(parts.hostname))
+    return not ({"http", "all"} & urllib.request.getproxies().keys())
 
 
 def body_of(value: Any) -> bytes:
@@ -106,11 +112,13 @@ class Wire:
         self.host = parts.hostname
         self.port = parts.port or 80
         self.prefix = parts.path.rstrip("/")
-        fixed = {"Host": parts.netloc, **headers}
+        host = self.host.encode("idna").decode("ascii") if not self.host.isascii() else self.host
+        host = f"[{host}]" if ":" in host else host  # an IPv6 address
+        fixed = {"Host": host if parts.port is None else f"{host}:{parts.port}", **headers}
         if any(set("\r\n") & set(f"{name}{value}") for name, value in fixed.items()):
             raise ValueError("a header name or value holds a line break")
         self._head = "".join(f"{name}: {value}\r\n" for name, value in fixed.items())
-        self._idle: list[socket.socket] = []
+        self._idle: list[tuple[socket.socket, float]] = []  # and when it was given back
         self._lock = threading.Lock()
         self._closed = False
 
@@ -118,7 +126,7 @@ class Wire:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for sock in idle:
+        for sock, _ in idle:
             sock.close()
 
     def request(
@@ -141,10 +149,15 @@ class Wire:
         response = None
         try:
             sock.settimeout(timeout)
+            unsent: OSError | None = None
             try:
-                sock.sendall(message)
+                _send(sock, message)
+            except TimeoutError as exc:
+                raise WireError(f"sending: no progress in {timeout:g} s", never_sent=False) from exc
             except OSError as exc:
-                raise WireError(f"sending: {type(exc).__name__}: {exc}", never_sent=False) from exc
+                # The server may have answered before reading it all (413 for a body over
+                # its limit) and closed: that answer is the call's, if it can be read.
+                unsent = exc
             response = http.client.HTTPResponse(sock, method=method)
             try:
                 response.begin()
@@ -152,7 +165,11 @@ class Wire:
             except TimeoutError as exc:
                 raise WireError(f"no answer in {timeout:g} s", never_sent=False) from exc
             except (OSError, http.client.HTTPException) as exc:
-                raise WireError(f"reading: {type(exc).__name__}: {exc}", never_sent=False) from exc
+                failed = unsent or exc
+                raise WireError(
+                    f"{'sending' if unsent else 'reading'}: {type(failed).__name__}: {failed}",
+                    never_sent=False,
+                ) from failed
             answer = Answer(
                 response.status,
                 response.reason,
@@ -164,7 +181,7 @@ class Wire:
                 response.close()  # its file holds the socket open past sock.close()
             sock.close()
             raise
-        if response.will_close:
+        if response.will_close or unsent is not None:
             sock.close()
         else:
             self._give_back(sock)
@@ -174,11 +191,11 @@ class Wire:
         while True:
             with self._lock:
                 if self._closed:
-                    raise WireError("the producer is closed", never_sent=True)
-                sock = self._idle.pop() if self._idle else None
+                    raise RuntimeError("the producer is closed")
+                sock, since = self._idle.pop() if self._idle else (None, 0.0)
             if sock is None:
                 break
-            if _still_open(sock):
+            if time.monotonic() - since <= KEEP_IDLE_SECONDS and _still_open(sock):
                 return sock
             sock.close()
         try:
@@ -194,6 +211,14 @@ class Wire:
     def _give_back(self, sock: socket.socket) -> None:
         with self._lock:
             if not self._closed and len(self._idle) < KEEP_IDLE:
-                self._idle.append(sock)
+                self._idle.append((sock, time.monotonic()))
                 return
         sock.close()
+
+
+def _send(sock: socket.socket, message: bytes) -> None:
+    """All of ``message``, the socket's timeout bounding each write (as httpx's did), not
+    the whole upload (``sendall``'s): a big body on a slow link goes while it moves."""
+    view = memoryview(message)
+    while view:
+        view = view[sock.send(view) :]

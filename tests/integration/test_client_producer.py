@@ -30,6 +30,7 @@ from taskhoster.client import (
     TooLarge,
     Unauthorized,
     WaitTimeout,
+    _wire,
 )
 
 from .tcpproxy import TcpProxy
@@ -517,16 +518,63 @@ def test_a_kept_connection_the_server_closed_while_idle_carries_no_call(server, 
         assert direct.queue("q").counts["pending"] == 2
 
 
+def test_calls_in_turn_share_one_kept_connection(server, key, proxy):
+    with Producer(proxy.url, key) as producer:
+        producer.put_queue("q")
+        for n in range(5):
+            producer.post("q", n)
+        assert producer.queue("q").counts["pending"] == 5
+    assert proxy.accepted == 1
+
+
+def test_a_connection_idle_past_the_keep_alive_expiry_is_not_used_again(
+    server, key, proxy, monkeypatch
+):
+    # A firewall or load balancer may forget an idle connection without a word: one kept
+    # longer than httpx's 5 s (here 0.2 s) is closed, a post without a key on a new one.
+    monkeypatch.setattr(_wire, "KEEP_IDLE_SECONDS", 0.2)
+    with Producer(proxy.url, key, auto_key=False, retries=0) as producer:
+        producer.put_queue("q")
+        producer.post("q", 1)
+        assert proxy.accepted == 1
+        time.sleep(0.4)
+        producer.post("q", 2)
+        assert proxy.accepted == 2
+
+
 def test_a_server_that_does_not_answer_raises_connection_failed_after_the_timeout(key, proxy):
     proxy.go_dark()
     started = time.monotonic()
-    with (
-        Producer(proxy.url, key, timeout=0.5, retries=0) as producer,
-        pytest.raises(ConnectionFailed) as failed,
-    ):
+    with Producer(proxy.url, key, timeout=0.5, retries=0) as producer:
+        with pytest.raises(ConnectionFailed) as failed:
+            producer.queues()
+        assert 0.4 < time.monotonic() - started < 3
+        assert "0.5" in str(failed.value)
+        # The connection that went dark is not kept: the next call takes a new one.
+        proxy.light()
+        assert producer.queues() == []
+        assert proxy.accepted == 2
+
+
+def test_a_batch_over_the_body_limit_raises_too_large_not_a_connection_error(server_factory, key):
+    # The server answers 413 as soon as it has the headers and closes, the body still
+    # being sent: the answer is read, not the broken write (resent, then ConnectionFailed).
+    server = server_factory(TASKHOSTER_MAX_BODY_BYTES="100000")
+    with Producer(server.url, key) as producer:
+        producer.put_queue("q")
+        with pytest.raises(TooLarge) as large:
+            producer.post_many("q", ["x" * 100_000 for _ in range(300)])
+        assert large.value.code == "too_large"
+        assert producer.queue("q").counts["pending"] == 0
+
+
+def test_a_closed_producer_refuses_a_call_at_once(server, key):
+    producer = Producer(server.url, key)
+    producer.close()
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="closed"):
         producer.queues()
-    assert 0.4 < time.monotonic() - started < 3
-    assert "0.5" in str(failed.value)
+    assert time.monotonic() - started < 0.5  # not resent as a network error
 
 
 def test_one_producer_shared_by_eight_threads_posts_each_item_once(producer):
@@ -546,7 +594,9 @@ def test_one_producer_shared_by_eight_threads_posts_each_item_once(producer):
 def test_an_http_proxy_of_the_environment_is_honoured_and_no_proxy_too(
     server, key, proxy, monkeypatch
 ):
-    proxy.refuse = True  # the "proxy": a call that goes through it fails
+    # The "proxy": a call that goes through it fails. With a proxy set, httpx carries the
+    # calls and reads NO_PROXY (the standard library's reading differs from it).
+    proxy.refuse = True
     for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "http_proxy"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HTTP_PROXY", proxy.url)
