@@ -9,16 +9,18 @@ needs: no TLS, no proxies, no redirects, no cookies, no compression. :class:`~.p
 Producer` uses it for an ``http://`` address when no HTTP proxy is set and no ``transport``
 was given; everything else goes through httpx as before.
 
-Errors are :class:`WireError`, whose ``never_sent`` says whether the request surely did not
-leave (the connection could not be made): only then may a call that is not safe to resend be
-sent again. As httpx did, a connection idle for more than ``KEEP_IDLE_SECONDS`` is not used
+A call that gets no complete answer raises :class:`WireError`, whose ``never_sent`` says
+whether the request surely did not leave (the connection could not be made): only then may a
+call that is not safe to resend be sent again (a call on a closed producer raises
+``RuntimeError``). As httpx did, a connection idle for more than ``KEEP_IDLE_SECONDS`` is not used
 again (a firewall or load balancer may have forgotten it without a word), and one kept is
 looked at before it is used: one the server has closed (or written to unasked) while it sat
 idle is closed and another made, so a server's restart does not cost a call that is not safe
 to resend (unless its close crosses the call on the way); a request the server answers
-before reading all of it (413 ``too_large`` for a body over its limit) is answered with
-that answer, not with the broken write; and the timeout bounds each write of a body, not
-the whole upload.
+before reading all of it and then closes (daphne's 413 ``too_large`` for a body over its
+limit) is answered with that answer, not with the broken write, where the system keeps
+what was received after the reset (Linux does); and the timeout bounds each write of a
+body, not the whole upload.
 """
 
 from __future__ import annotations
@@ -75,8 +77,8 @@ def plain_http(url: str) -> bool:
     (in the environment, or the system's on macOS and Windows, as httpx reads them). Where
     one is, httpx carries the calls and decides, by ``NO_PROXY``, which go through it."""
     parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        return False
+    if parts.scheme != "http" or not parts.hostname or not parts.hostname.isascii():
+        return False  # (an international name: httpx's IDNA encoding, not Python's codec)
     return not ({"http", "all"} & urllib.request.getproxies().keys())
 
 
@@ -107,14 +109,13 @@ class Wire:
 
     def __init__(self, url: str, headers: Mapping[str, str]) -> None:
         parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"not a plain http:// address: {url!r}")
+        if parts.scheme != "http" or not parts.hostname or not parts.hostname.isascii():
+            raise ValueError(f"not a plain http:// address with an ASCII host: {url!r}")
         self.host = parts.hostname
         self.port = parts.port or 80
         self.prefix = parts.path.rstrip("/")
-        host = self.host.encode("idna").decode("ascii") if not self.host.isascii() else self.host
-        host = f"[{host}]" if ":" in host else host  # an IPv6 address
-        fixed = {"Host": host if parts.port is None else f"{host}:{parts.port}", **headers}
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address
+        fixed = {"Host": host if self.port == 80 else f"{host}:{self.port}", **headers}
         if any(set("\r\n") & set(f"{name}{value}") for name, value in fixed.items()):
             raise ValueError("a header name or value holds a line break")
         self._head = "".join(f"{name}: {value}\r\n" for name, value in fixed.items())
@@ -192,10 +193,17 @@ class Wire:
             with self._lock:
                 if self._closed:
                     raise RuntimeError("the producer is closed")
-                sock, since = self._idle.pop() if self._idle else (None, 0.0)
+                # Given back in time order: those expired are the oldest, closed all at once
+                # (a burst's connections do not stay open under the one in use since).
+                fresh = time.monotonic() - KEEP_IDLE_SECONDS
+                expired = [sock for sock, since in self._idle if since < fresh]
+                del self._idle[: len(expired)]
+                sock = self._idle.pop()[0] if self._idle else None
+            for old in expired:
+                old.close()
             if sock is None:
                 break
-            if time.monotonic() - since <= KEEP_IDLE_SECONDS and _still_open(sock):
+            if _still_open(sock):
                 return sock
             sock.close()
         try:

@@ -531,25 +531,29 @@ def test_a_connection_idle_past_the_keep_alive_expiry_is_not_used_again(
     server, key, proxy, monkeypatch
 ):
     # A firewall or load balancer may forget an idle connection without a word: one kept
-    # longer than httpx's 5 s (here 0.2 s) is closed, a post without a key on a new one.
-    monkeypatch.setattr(_wire, "KEEP_IDLE_SECONDS", 0.2)
+    # longer than httpx's 5 s (here 1 s) is closed, a post without a key on a new one.
+    monkeypatch.setattr(_wire, "KEEP_IDLE_SECONDS", 1.0)
     with Producer(proxy.url, key, auto_key=False, retries=0) as producer:
         producer.put_queue("q")
         producer.post("q", 1)
         assert proxy.accepted == 1
-        time.sleep(0.4)
+        time.sleep(1.5)
         producer.post("q", 2)
         assert proxy.accepted == 2
 
 
-def test_a_server_that_does_not_answer_raises_connection_failed_after_the_timeout(key, proxy):
+def test_a_server_that_does_not_answer_raises_connection_failed_after_the_timeout(
+    server, key, proxy
+):
+    with Producer(server.url, key) as direct:
+        direct.queues()  # the server's first API call (its connections, caches) made
     proxy.go_dark()
     started = time.monotonic()
-    with Producer(proxy.url, key, timeout=0.5, retries=0) as producer:
+    with Producer(proxy.url, key, timeout=1.0, retries=0) as producer:
         with pytest.raises(ConnectionFailed) as failed:
             producer.queues()
-        assert 0.4 < time.monotonic() - started < 3
-        assert "0.5" in str(failed.value)
+        assert 0.9 < time.monotonic() - started < 4
+        assert "no answer in 1 s" in str(failed.value)
         # The connection that went dark is not kept: the next call takes a new one.
         proxy.light()
         assert producer.queues() == []
@@ -577,18 +581,23 @@ def test_a_closed_producer_refuses_a_call_at_once(server, key):
     assert time.monotonic() - started < 0.5  # not resent as a network error
 
 
-def test_one_producer_shared_by_eight_threads_posts_each_item_once(producer):
-    producer.put_queue("q")
+def test_one_producer_shared_by_eight_threads_posts_each_item_once(server, key):
+    # No key made up and no resend: a connection shared by two threads at once (an answer
+    # read by the wrong thread, or lost) is an error or a wrong item here, not a resend
+    # the server deduplicates.
+    with Producer(server.url, key, auto_key=False, retries=0) as producer:
+        producer.put_queue("q")
 
-    def post_25(thread: int) -> list[str]:
-        return [producer.post("q", {"thread": thread, "n": n}).id for n in range(25)]
+        def post_25(thread: int) -> list[Item]:
+            return [producer.post("q", {"thread": thread, "n": n}) for n in range(25)]
 
-    with ThreadPoolExecutor(8) as pool:
-        ids = [item_id for posted in pool.map(post_25, range(8)) for item_id in posted]
-    assert len(set(ids)) == 200
-    assert sorted(i.id for i in producer.items("q")) == sorted(ids)
-    payloads = sorted((p["thread"], p["n"]) for p in (producer.get(i).payload for i in ids))
-    assert payloads == [(thread, n) for thread in range(8) for n in range(25)]
+        with ThreadPoolExecutor(8) as pool:
+            posted = list(pool.map(post_25, range(8)))
+        for thread, items in enumerate(posted):
+            assert [i.payload for i in items] == [{"thread": thread, "n": n} for n in range(25)]
+        ids = [i.id for items in posted for i in items]
+        assert len(set(ids)) == 200
+        assert sorted(i.id for i in producer.items("q")) == sorted(ids)
 
 
 def test_an_http_proxy_of_the_environment_is_honoured_and_no_proxy_too(
