@@ -25,6 +25,7 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 import argparse
+import asyncio
 import contextlib
 import itertools
 import json
@@ -64,6 +65,13 @@ MEASUREMENTS = {
     # key made up): on its own HTTP, as it calls an http:// server, and on httpx.
     "post-producer": ("post single item, Producer, 1 client", 1, "items"),
     "post-producer-httpx": ("post single item, Producer on httpx, 1 client", 1, "items"),
+    # And through AsyncProducer, each call run to its end on the client thread's event loop.
+    "post-async-producer": ("post single item, AsyncProducer, 1 client", 1, "items"),
+    "post-async-producer-httpx": (
+        "post single item, AsyncProducer on httpx, 1 client",
+        1,
+        "items",
+    ),
     "batch500": (f"post batches of {BATCH_SIZE}, 1 client", 1, "items"),
     "claim": ("claim(max=1)+result, 1 worker", 1, "round trips"),
     "claim-x4": (f"claim(max=1)+result, {CONCURRENCY} workers", CONCURRENCY, "round trips"),
@@ -481,12 +489,39 @@ def expect(response: httpx.Response, status: int) -> httpx.Response:
 
 
 Op = Callable[[Any], int]  # given its client; returns units done; 0 = nothing left to do
-PRODUCER_POSTS = ("post-producer", "post-producer-httpx")
+PRODUCER_POSTS = (
+    "post-producer",
+    "post-producer-httpx",
+    "post-async-producer",
+    "post-async-producer-httpx",
+)
+
+
+class AsyncProducerInThread:
+    """An :class:`taskhoster.client.AsyncProducer` called from a client thread: each call run
+    to its end on the thread's own event loop (the same for its wire and for httpx)."""
+
+    def __init__(self, url: str, key: str, transport: httpx.AsyncBaseTransport | None) -> None:
+        from taskhoster.client import AsyncProducer
+
+        self.loop = asyncio.new_event_loop()
+        self.producer = AsyncProducer(url, key, auto_key=False, retries=0, transport=transport)
+
+    def post(self, queue: str, payload: Any) -> Any:
+        return self.loop.run_until_complete(self.producer.post(queue, payload))
+
+    def __enter__(self) -> AsyncProducerInThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.run_until_complete(self.producer.aclose())
+        self.loop.close()
 
 
 def client_of(name: str) -> Callable[[str, str], Any]:
     """What a measurement's clients are opened with: an httpx client, or for the
-    producer's posts a :class:`taskhoster.client.Producer` (on httpx for ``-httpx``)."""
+    producers' posts a :class:`taskhoster.client.Producer` or ``AsyncProducer`` (on httpx
+    for ``-httpx``)."""
     if name not in PRODUCER_POSTS:
         return make_client
     from taskhoster.client import Producer
@@ -496,7 +531,10 @@ def client_of(name: str) -> Callable[[str, str], Any]:
 
         if not plain_http(url):
             raise BenchError(f"{name}: an HTTP proxy is set (HTTP_PROXY, ALL_PROXY): unset it")
-        transport = httpx.HTTPTransport() if name.endswith("-httpx") else None
+        on_httpx = name.endswith("-httpx")
+        if name.startswith("post-async-"):
+            return AsyncProducerInThread(url, key, httpx.AsyncHTTPTransport() if on_httpx else None)
+        transport = httpx.HTTPTransport() if on_httpx else None
         return Producer(url, key, auto_key=False, retries=0, transport=transport)
 
     return producer

@@ -1,13 +1,15 @@
-"""The blocking producer's HTTP/1.1 over plain ``http://``: the standard library's sockets and
-response parser, connections kept alive in a small pool.
+"""The producers' HTTP/1.1 over plain ``http://``: the standard library's sockets, connections
+kept alive in a small pool.
 
 A post of one item is the call a web request makes most, and httpx spent most of the
 producer's CPU on it (``docs/performance.md``, "The producer's client"); this sends each
 request as one write (its line, headers and body together, so the server reads it at once)
-and reads the answer with :class:`http.client.HTTPResponse`. It does only what the producer
-needs: no TLS, no proxies, no redirects, no cookies, no compression. :class:`~.producer.
-Producer` uses it for an ``http://`` address when no HTTP proxy is set and no ``transport``
-was given; everything else goes through httpx as before.
+and reads the answer: :class:`Wire` (the blocking ``Producer``'s) with
+:class:`http.client.HTTPResponse`, :class:`AsyncWire` (``AsyncProducer``'s) with a parser of
+its own on the running event loop. It does only what a producer needs: no TLS, no proxies,
+no redirects, no cookies, no compression. Each producer uses it for an ``http://`` address
+when no HTTP proxy is set and no ``transport`` was given; everything else goes through httpx
+as before.
 
 A call that gets no complete answer raises :class:`WireError`, whose ``never_sent`` says
 whether the request surely did not leave (the connection could not be made): only then may a
@@ -25,8 +27,10 @@ body, not the whole upload.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
+import re
 import socket
 import threading
 import time
@@ -90,12 +94,13 @@ def body_of(value: Any) -> bytes:
 def _still_open(sock: socket.socket) -> bool:
     """Whether an idle connection may carry a call: nothing to read on it (the server has
     neither closed it nor written what no call asked for)."""
+    timeout = sock.gettimeout()
     try:
         sock.setblocking(False)
         try:
             sock.recv(1, socket.MSG_PEEK)
         finally:
-            sock.setblocking(True)
+            sock.settimeout(timeout)
     except BlockingIOError:
         return True
     except OSError:
@@ -103,9 +108,51 @@ def _still_open(sock: socket.socket) -> bool:
     return False
 
 
-class Wire:
-    """Calls to one server, from any number of threads: each call takes an idle connection
-    (or makes one) and gives it back once its answer is read whole."""
+class _Pool:
+    """Idle connections to one server, newest last, and whether the owner is closed: shared
+    by any number of threads (and, for the async wire, event loops: a socket kept idle is
+    not tied to a loop)."""
+
+    def __init__(self) -> None:
+        self._idle: list[tuple[socket.socket, float]] = []  # and when it was given back
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for sock, _ in idle:
+            sock.close()
+
+    def take(self) -> socket.socket | None:
+        """An idle connection that may carry a call, or None: make one."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("the producer is closed")
+                # Given back in time order: those expired are the oldest, closed all at once
+                # (a burst's connections do not stay open under the one in use since).
+                fresh = time.monotonic() - KEEP_IDLE_SECONDS
+                expired = [sock for sock, since in self._idle if since < fresh]
+                del self._idle[: len(expired)]
+                sock = self._idle.pop()[0] if self._idle else None
+            for old in expired:
+                old.close()
+            if sock is None or _still_open(sock):
+                return sock
+            sock.close()
+
+    def give_back(self, sock: socket.socket) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < KEEP_IDLE:
+                self._idle.append((sock, time.monotonic()))
+                return
+        sock.close()
+
+
+class _Target:
+    """One server's address, and the request each call sends it."""
 
     def __init__(self, url: str, headers: Mapping[str, str]) -> None:
         parts = urlsplit(url)
@@ -119,16 +166,33 @@ class Wire:
         if any(set("\r\n") & set(f"{name}{value}") for name, value in fixed.items()):
             raise ValueError("a header name or value holds a line break")
         self._head = "".join(f"{name}: {value}\r\n" for name, value in fixed.items())
-        self._idle: list[tuple[socket.socket, float]] = []  # and when it was given back
-        self._lock = threading.Lock()
-        self._closed = False
+        self._pool = _Pool()
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for sock, _ in idle:
-            sock.close()
+        self._pool.close()
+
+    def message(
+        self, method: str, path: str, params: Mapping[str, str] | None, body: bytes | None
+    ) -> bytes:
+        """The request line, the headers and the body, to go in one write."""
+        target = self.prefix + path + (f"?{urlencode(params)}" if params else "")
+        head = f"{method} {target} HTTP/1.1\r\n{self._head}"
+        if body is not None:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        elif method in ("POST", "PUT", "PATCH"):
+            head += "Content-Length: 0\r\n"
+        return (head + "\r\n").encode("latin-1") + (body or b"")
+
+    def _unreachable(self, exc: BaseException) -> WireError:
+        return WireError(
+            f"connecting to {self.host}:{self.port}: {type(exc).__name__}: {exc}",
+            never_sent=True,
+        )
+
+
+class Wire(_Target):
+    """Calls to one server, from any number of threads: each call takes an idle connection
+    (or makes one) and gives it back once its answer is read whole."""
 
     def request(
         self,
@@ -139,13 +203,7 @@ class Wire:
         body: bytes | None,
         timeout: float,
     ) -> Answer:
-        target = self.prefix + path + (f"?{urlencode(params)}" if params else "")
-        head = f"{method} {target} HTTP/1.1\r\n{self._head}"
-        if body is not None:
-            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        elif method in ("POST", "PUT", "PATCH"):
-            head += "Content-Length: 0\r\n"
-        message = (head + "\r\n").encode("latin-1") + (body or b"")
+        message = self.message(method, path, params, body)
         sock = self._take(timeout)
         response = None
         try:
@@ -185,43 +243,19 @@ class Wire:
         if response.will_close or unsent is not None:
             sock.close()
         else:
-            self._give_back(sock)
+            self._pool.give_back(sock)
         return answer
 
     def _take(self, timeout: float) -> socket.socket:
-        while True:
-            with self._lock:
-                if self._closed:
-                    raise RuntimeError("the producer is closed")
-                # Given back in time order: those expired are the oldest, closed all at once
-                # (a burst's connections do not stay open under the one in use since).
-                fresh = time.monotonic() - KEEP_IDLE_SECONDS
-                expired = [sock for sock, since in self._idle if since < fresh]
-                del self._idle[: len(expired)]
-                sock = self._idle.pop()[0] if self._idle else None
-            for old in expired:
-                old.close()
-            if sock is None:
-                break
-            if _still_open(sock):
-                return sock
-            sock.close()
+        sock = self._pool.take()
+        if sock is not None:
+            return sock
         try:
             sock = socket.create_connection((self.host, self.port), timeout=timeout)
         except OSError as exc:
-            raise WireError(
-                f"connecting to {self.host}:{self.port}: {type(exc).__name__}: {exc}",
-                never_sent=True,
-            ) from exc
+            raise self._unreachable(exc) from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
-
-    def _give_back(self, sock: socket.socket) -> None:
-        with self._lock:
-            if not self._closed and len(self._idle) < KEEP_IDLE:
-                self._idle.append((sock, time.monotonic()))
-                return
-        sock.close()
 
 
 def _send(sock: socket.socket, message: bytes) -> None:
@@ -230,3 +264,182 @@ def _send(sock: socket.socket, message: bytes) -> None:
     view = memoryview(message)
     while view:
         view = view[sock.send(view) :]
+
+
+#: The most an answer's status line and headers may take.
+MAX_HEAD_BYTES = 64 * 1024
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_DIGITS = re.compile(r"[0-9]{1,19}")
+#: A body goes in writes of at most this much, each under the call's timeout.
+_SEND_STEP = 256 * 1024
+
+
+class AsyncWire(_Target):
+    """:class:`Wire` for asyncio: the same calls, each awaited on the running loop, over
+    non-blocking sockets the loop waits on (``loop.sock_*``, which every event loop of the
+    standard library has). Any number of tasks, and of loops in turn, may share it."""
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None,
+        body: bytes | None,
+        timeout: float,
+    ) -> Answer:
+        message = self.message(method, path, params, body)
+        loop = asyncio.get_running_loop()
+        sock = self._pool.take() or await self._connect(loop, timeout)
+        try:
+            unsent: OSError | None = None
+            try:
+                view = memoryview(message)
+                for start in range(0, len(view), _SEND_STEP):
+                    async with asyncio.timeout(timeout):
+                        await loop.sock_sendall(sock, view[start : start + _SEND_STEP])
+            except TimeoutError as exc:
+                raise WireError(f"sending: no progress in {timeout:g} s", never_sent=False) from exc
+            except OSError as exc:
+                unsent = exc  # the server may have answered before reading it all (Wire)
+            reader = _Reader(loop, sock, timeout)
+            try:
+                answer, keep = await reader.answer(method)
+            except TimeoutError as exc:
+                raise WireError(f"no answer in {timeout:g} s", never_sent=False) from exc
+            except (OSError, _BadAnswer) as exc:
+                failed = unsent or exc
+                raise WireError(
+                    f"{'sending' if unsent else 'reading'}: {type(failed).__name__}: {failed}",
+                    never_sent=False,
+                ) from failed
+        except BaseException:  # a cancelled call's connection too: its answer is unread
+            sock.close()
+            raise
+        if keep and unsent is None:
+            self._pool.give_back(sock)
+        else:
+            sock.close()
+        return answer
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop, timeout: float) -> socket.socket:
+        failed: BaseException | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                addresses = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+                for family, kind, proto, _, address in addresses:
+                    sock = socket.socket(family, kind, proto)
+                    try:
+                        sock.setblocking(False)
+                        await loop.sock_connect(sock, address)
+                    except BaseException as exc:
+                        sock.close()
+                        if not isinstance(exc, OSError) or isinstance(exc, TimeoutError):
+                            raise
+                        failed = exc
+                        continue
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    return sock
+        except OSError as exc:  # the name not found, or the timeout (TimeoutError)
+            failed = exc
+        raise self._unreachable(failed or OSError("no address")) from failed
+
+
+class _BadAnswer(Exception):
+    """What came back is not an HTTP/1.x answer."""
+
+
+class _Reader:
+    """One answer read off a non-blocking socket, each wait for more under the timeout."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, timeout: float):
+        self.loop = loop
+        self.sock = sock
+        self.timeout = timeout
+        self.buffer = bytearray()
+        self.ended = False
+
+    async def _more(self) -> None:
+        if self.ended:
+            raise _BadAnswer("the connection closed before the answer ended")
+        async with asyncio.timeout(self.timeout):
+            data = await self.loop.sock_recv(self.sock, 65536)
+        if data:
+            self.buffer += data
+        else:
+            self.ended = True
+
+    async def until(self, mark: bytes, most: int) -> bytes:
+        """Up to and without ``mark``, which is read too."""
+        while (at := self.buffer.find(mark)) < 0:
+            if len(self.buffer) > most:
+                raise _BadAnswer(f"no {mark!r} in {most} bytes")
+            await self._more()
+        if at > most:
+            raise _BadAnswer(f"no {mark!r} in {most} bytes")
+        part = bytes(self.buffer[:at])
+        del self.buffer[: at + len(mark)]
+        return part
+
+    async def exactly(self, size: int) -> bytes:
+        while len(self.buffer) < size:
+            await self._more()
+        part = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        return part
+
+    async def to_end(self) -> bytes:
+        while not self.ended:
+            await self._more()
+        part = bytes(self.buffer)
+        self.buffer.clear()
+        return part
+
+    async def answer(self, method: str) -> tuple[Answer, bool]:
+        """The answer (after any interim 1xx), and whether the connection may be kept."""
+        while True:
+            head = (await self.until(b"\r\n\r\n", MAX_HEAD_BYTES)).decode("latin-1")
+            line, *lines = head.split("\r\n")
+            version, _, rest = line.partition(" ")
+            code, _, reason = rest.partition(" ")
+            if version not in ("HTTP/1.1", "HTTP/1.0") or not (len(code) == 3 and code.isdigit()):
+                raise _BadAnswer(f"not an HTTP/1.x status line: {line[:100]!r}")
+            headers: dict[str, str] = {}
+            for field in lines:
+                name, colon, value = field.partition(":")
+                if not colon or not name or name != name.strip():
+                    raise _BadAnswer(f"not a header: {field[:100]!r}")
+                headers[name.lower()] = value.strip()
+            status = int(code)
+            if not 100 <= status < 200:
+                break
+        tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
+        keep = version == "HTTP/1.1" and "close" not in tokens
+        if method == "HEAD" or status in (204, 304):
+            content = b""
+        elif "chunked" in headers.get("transfer-encoding", "").lower():
+            content = await self._chunks()
+        elif (length := headers.get("content-length")) is not None:
+            if not _DIGITS.fullmatch(length):
+                raise _BadAnswer(f"a Content-Length of {length[:100]!r}")
+            content = await self.exactly(int(length))
+        else:
+            content, keep = await self.to_end(), False
+        if self.buffer:
+            keep = False  # more than the answer came: nothing may be read after it
+        return Answer(status, reason, headers, content), keep
+
+    async def _chunks(self) -> bytes:
+        parts: list[bytes] = []
+        while True:
+            size_line = (await self.until(b"\r\n", MAX_HEAD_BYTES)).split(b";")[0].strip()
+            if not _HEX.fullmatch(size_line):
+                raise _BadAnswer(f"a chunk's size of {size_line[:100]!r}")
+            size = int(size_line, 16)
+            if size == 0:
+                while await self.until(b"\r\n", MAX_HEAD_BYTES):  # the trailers, if any
+                    pass
+                return b"".join(parts)
+            parts.append(await self.exactly(size))
+            if await self.exactly(2) != b"\r\n":
+                raise _BadAnswer("a chunk not ended by CRLF")

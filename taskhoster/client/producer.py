@@ -20,7 +20,7 @@ import httpx
 
 from . import _http
 from ._http import _UNSET, Attempt, Call, Reply
-from ._wire import Wire, WireError, body_of, plain_http
+from ._wire import AsyncWire, Wire, WireError, body_of, plain_http
 from .errors import ItemFailed, WaitTimeout
 from .models import (
     AttemptHistory,
@@ -385,7 +385,10 @@ class Producer(_Base):
 
 class AsyncProducer(_Base):
     """:class:`Producer` for asyncio: the same methods, awaited (``items`` is an async
-    iterator). Use it as ``async with AsyncProducer() as producer:`` or call ``aclose()``."""
+    iterator). Use it as ``async with AsyncProducer() as producer:`` or call ``aclose()``.
+    As :class:`Producer`, it calls an ``http://`` address with the standard library
+    (``taskhoster.client._wire``) unless an HTTP proxy is set; ``https://``, a proxy, or a
+    ``transport`` (an httpx async transport) go through httpx."""
 
     def __init__(
         self,
@@ -398,15 +401,23 @@ class AsyncProducer(_Base):
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         super().__init__(url, key, timeout=timeout, retries=retries, auto_key=auto_key)
-        self._client = httpx.AsyncClient(
-            base_url=self.url,
-            headers=_http.auth_headers(self.key),
-            timeout=timeout,
-            transport=transport,
-        )
+        self._wire: AsyncWire | None = None
+        self._client: httpx.AsyncClient | None = None
+        if transport is None and plain_http(self.url):
+            self._wire = AsyncWire(self.url, _http.auth_headers(self.key))
+        else:
+            self._client = httpx.AsyncClient(
+                base_url=self.url,
+                headers=_http.auth_headers(self.key),
+                timeout=timeout,
+                transport=transport,
+            )
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._wire is not None:
+            self._wire.close()
+        if self._client is not None:
+            await self._client.aclose()
 
     async def __aenter__(self) -> AsyncProducer:
         return self
@@ -421,12 +432,11 @@ class AsyncProducer(_Base):
 
     async def _run(self, call: Call[T]) -> T:
         attempt = Attempt(call, self.retries)
+        body = body_of(call.body) if call.has_body and self._wire is not None else None
         while True:
             try:
-                response = await self._client.request(
-                    call.method, call.path, **_http.request_kwargs(call, self.timeout)
-                )
-            except httpx.TransportError as exc:
+                response = await self._send(call, body)
+            except (httpx.TransportError, WireError) as exc:
                 await asyncio.sleep(attempt.on_transport_error(exc))
                 continue
             delay = attempt.on_answer(response)
@@ -434,6 +444,20 @@ class AsyncProducer(_Base):
                 result: T = attempt.read(response)
                 return result
             await asyncio.sleep(delay)
+
+    async def _send(self, call: Call[Any], body: bytes | None) -> Reply:
+        if self._wire is not None:
+            return await self._wire.request(
+                call.method,
+                call.path,
+                params=call.params,
+                body=body,
+                timeout=self.timeout + call.wait,
+            )
+        assert self._client is not None
+        return await self._client.request(
+            call.method, call.path, **_http.request_kwargs(call, self.timeout)
+        )
 
     async def put_queue(
         self,

@@ -4,6 +4,7 @@ errors, and resends that are safe because posts carry an idempotency key."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -727,3 +728,288 @@ def test_async_errors_are_typed(server, key):
             assert missing.value.code == "queue_not_found"
 
     asyncio.run(run())
+
+
+# -- the async producer's wire ---------------------------------------------------------------
+# The same rules as the blocking producer's wire above, for AsyncProducer's (AsyncWire).
+
+
+def test_async_a_kept_connection_the_server_closed_while_idle_carries_no_call(server, key, proxy):
+    async def run() -> None:
+        async with AsyncProducer(server.url, key) as direct:
+            await direct.put_queue("q")
+        async with AsyncProducer(proxy.url, key, auto_key=False, retries=0) as producer:
+            await producer.post("q", 1)
+            proxy.drop_all()
+            await asyncio.sleep(0.2)  # the close reaches the producer's end
+            await producer.post("q", 2)
+            assert proxy.accepted == 2
+        async with AsyncProducer(server.url, key) as direct:
+            assert (await direct.queue("q")).counts["pending"] == 2
+
+    asyncio.run(run())
+
+
+def test_async_calls_in_turn_share_one_kept_connection_across_event_loops(server, key, proxy):
+    # A kept socket is not tied to the loop that made it: a producer made once and used
+    # from one asyncio.run after another keeps its connection.
+    producer = AsyncProducer(proxy.url, key)
+
+    async def post_five() -> None:
+        await producer.put_queue("q")
+        for n in range(5):
+            await producer.post("q", n)
+
+    asyncio.run(post_five())
+    asyncio.run(post_five())
+
+    async def count() -> int:
+        return (await producer.queue("q")).counts["pending"]
+
+    assert asyncio.run(count()) == 10
+    asyncio.run(producer.aclose())
+    assert proxy.accepted == 1
+
+
+def test_async_a_connection_idle_past_the_keep_alive_expiry_is_not_used_again(
+    server, key, proxy, monkeypatch
+):
+    monkeypatch.setattr(_wire, "KEEP_IDLE_SECONDS", 1.0)
+
+    async def run() -> None:
+        async with AsyncProducer(proxy.url, key, auto_key=False, retries=0) as producer:
+            await producer.put_queue("q")
+            await producer.post("q", 1)
+            assert proxy.accepted == 1
+            await asyncio.sleep(1.5)
+            await producer.post("q", 2)
+            assert proxy.accepted == 2
+
+    asyncio.run(run())
+
+
+def test_async_a_server_that_does_not_answer_raises_connection_failed_after_the_timeout(
+    server, key, proxy
+):
+    async def run() -> None:
+        async with AsyncProducer(server.url, key) as direct:
+            await direct.queues()  # the server's first API call (its connections, caches) made
+        proxy.go_dark()
+        started = time.monotonic()
+        async with AsyncProducer(proxy.url, key, timeout=1.0, retries=0) as producer:
+            with pytest.raises(ConnectionFailed) as failed:
+                await producer.queues()
+            assert 0.9 < time.monotonic() - started < 4
+            assert "no answer in 1 s" in str(failed.value)
+            proxy.light()
+            assert await producer.queues() == []
+            assert proxy.accepted == 2  # the connection that went dark was not kept
+
+    asyncio.run(run())
+
+
+def test_async_a_cancelled_call_does_not_leave_its_connection_for_the_next(server, key, proxy):
+    # A call cancelled while it waits (here a long-poll for a verdict) leaves its answer
+    # unread on its connection: were the connection kept, the next call would read that.
+    async def run() -> None:
+        async with AsyncProducer(proxy.url, key, auto_key=False, retries=0) as producer:
+            await producer.put_queue("q")
+            item = await producer.post("q", 1)
+            waiting = asyncio.create_task(producer.wait(item.id, timeout=5))
+            await asyncio.sleep(0.3)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            second = await producer.post("q", 2)
+            assert second.payload == 2
+            assert proxy.accepted == 2
+            assert [i.id async for i in producer.items("q")] == [item.id, second.id]
+
+    asyncio.run(run())
+
+
+def test_async_a_batch_over_the_body_limit_raises_too_large_not_a_connection_error(
+    server_factory, key
+):
+    server = server_factory(TASKHOSTER_MAX_BODY_BYTES="100000")
+
+    async def run() -> None:
+        async with AsyncProducer(server.url, key) as producer:
+            await producer.put_queue("q")
+            with pytest.raises(TooLarge) as large:
+                await producer.post_many("q", ["x" * 100_000 for _ in range(300)])
+            assert large.value.code == "too_large"
+            assert (await producer.queue("q")).counts["pending"] == 0
+
+    asyncio.run(run())
+
+
+def test_async_a_closed_producer_refuses_a_call_at_once(server, key):
+    async def run() -> None:
+        producer = AsyncProducer(server.url, key)
+        await producer.aclose()
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="closed"):
+            await producer.queues()
+        assert time.monotonic() - started < 0.5
+
+    asyncio.run(run())
+
+
+def test_async_one_producer_shared_by_eight_tasks_posts_each_item_once(server, key):
+    async def run() -> None:
+        async with AsyncProducer(server.url, key, auto_key=False, retries=0) as producer:
+            await producer.put_queue("q")
+
+            async def post_25(task: int) -> list[Item]:
+                return [await producer.post("q", {"task": task, "n": n}) for n in range(25)]
+
+            posted = await asyncio.gather(*(post_25(task) for task in range(8)))
+            for task, items in enumerate(posted):
+                assert [i.payload for i in items] == [{"task": task, "n": n} for n in range(25)]
+            ids = [i.id for items in posted for i in items]
+            assert len(set(ids)) == 200
+            assert sorted([i.id async for i in producer.items("q")]) == sorted(ids)
+
+    asyncio.run(run())
+
+
+def test_async_an_http_proxy_of_the_environment_is_honoured_and_no_proxy_too(
+    server, key, proxy, monkeypatch
+):
+    proxy.refuse = True
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)
+
+    async def run() -> None:
+        async with AsyncProducer(server.url, key, retries=0) as producer:
+            with pytest.raises(ConnectionFailed):
+                await producer.queues()
+        assert proxy.accepted == 1
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        async with AsyncProducer(server.url, key, retries=0) as producer:
+            await producer.queues()
+        assert proxy.accepted == 1
+
+    asyncio.run(run())
+
+
+class _HandWrittenServer:
+    """An HTTP/1.1 server (a thread, a socket) that answers every request with the same
+    bytes: the answers daphne does not give (chunked, interim 100, no length), as a proxy or
+    another server in front of Taskhoster may. Counts connections and requests."""
+
+    def __init__(self, answer: bytes, *, close: bool = False) -> None:
+        self.answer = answer
+        self.close_each = close
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.connections = 0
+        self.requests = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while True:
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                head, _, data = data.partition(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                while len(data) < length:
+                    data += conn.recv(65536)
+                data = data[length:]
+                self.requests += 1
+                conn.sendall(self.answer)
+                framed = b"content-length" in self.answer.lower() or (
+                    b"chunked" in self.answer.lower()
+                )
+                if self.close_each or not framed:
+                    return  # an answer without a length ends where the connection does
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+            b"1;ext=1\r\n[\r\n1\r\n]\r\n0\r\nX-Trailer: 1\r\n\r\n",
+            id="chunked, with an extension and a trailer",
+        ),
+        pytest.param(
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[]",
+            id="an interim 100 first",
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n[]",
+            id="no length: ends with the connection",
+        ),
+    ],
+)
+def test_async_an_answer_of_any_http_1_1_framing_is_read_whole(answer: bytes, key):
+    # The blocking wire reads answers with the standard library's parser; the async wire
+    # has its own, which must read every framing HTTP/1.1 allows, and keep the connection
+    # only where the framing lets the next answer be found.
+    server = _HandWrittenServer(answer)
+    try:
+
+        async def run() -> None:
+            async with AsyncProducer(server.url, key, retries=0) as producer:
+                assert await producer.queues() == []
+                assert await producer.queues() == []
+
+        asyncio.run(run())
+        assert server.requests == 2
+        kept = b"Content-Length" in answer or b"chunked" in answer
+        assert server.connections == (1 if kept else 2)
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(b"SMTP ready\r\n\r\n", id="not HTTP"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n[]", id="cut short"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n[]", id="a bad length"),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\n[]\r\n0\r\n\r\n",
+            id="a bad chunk size",
+        ),
+    ],
+)
+def test_async_an_answer_that_is_not_http_raises_connection_failed(answer: bytes, key):
+    server = _HandWrittenServer(answer, close=True)
+    try:
+
+        async def run() -> None:
+            async with AsyncProducer(server.url, key, timeout=2, retries=0) as producer:
+                with pytest.raises(ConnectionFailed):
+                    await producer.queues()
+
+        asyncio.run(run())
+    finally:
+        server.close()
