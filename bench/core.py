@@ -515,6 +515,7 @@ class AsyncProducerInThread:
 
     def __exit__(self, *exc: object) -> None:
         self.loop.run_until_complete(self.producer.aclose())
+        self.loop.run_until_complete(self.loop.shutdown_default_executor())
         self.loop.close()
 
 

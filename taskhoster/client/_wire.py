@@ -35,6 +35,7 @@ import socket
 import threading
 import time
 import urllib.request
+import weakref
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -110,11 +111,13 @@ def _still_open(sock: socket.socket) -> bool:
 
 class _Pool:
     """Idle connections to one server, newest last, and whether the owner is closed: shared
-    by any number of threads (and, for the async wire, event loops: a socket kept idle is
-    not tied to a loop)."""
+    by any number of threads. The async wire's are each kept for the event loop that used
+    it (a loop of another thread, or the next ``asyncio.run``, makes its own): Windows'
+    default loop binds a socket to its completion port for good."""
 
     def __init__(self) -> None:
-        self._idle: list[tuple[socket.socket, float]] = []  # and when it was given back
+        # Each with when it was given back, and (async) a weak reference to its loop.
+        self._idle: list[tuple[socket.socket, float, weakref.ref[Any] | None]] = []
         self._lock = threading.Lock()
         self._closed = False
 
@@ -122,31 +125,43 @@ class _Pool:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for sock, _ in idle:
+        for sock, _, _ in idle:
             sock.close()
 
-    def take(self) -> socket.socket | None:
-        """An idle connection that may carry a call, or None: make one."""
+    def take(self, loop: object = None) -> socket.socket | None:
+        """An idle connection (of this event loop) that may carry a call, or None: make one."""
         while True:
             with self._lock:
                 if self._closed:
                     raise RuntimeError("the producer is closed")
                 # Given back in time order: those expired are the oldest, closed all at once
-                # (a burst's connections do not stay open under the one in use since).
+                # (a burst's connections do not stay open under the one in use since), and
+                # with them those whose loop is gone.
                 fresh = time.monotonic() - KEEP_IDLE_SECONDS
-                expired = [sock for sock, since in self._idle if since < fresh]
-                del self._idle[: len(expired)]
-                sock = self._idle.pop()[0] if self._idle else None
-            for old in expired:
+                gone = [
+                    entry
+                    for entry in self._idle
+                    if entry[1] < fresh or (entry[2] is not None and entry[2]() is None)
+                ]
+                for entry in gone:
+                    self._idle.remove(entry)
+                sock = None
+                for at in range(len(self._idle) - 1, -1, -1):
+                    owner = self._idle[at][2]
+                    if (owner() if owner is not None else None) is loop:
+                        sock = self._idle.pop(at)[0]
+                        break
+            for old, _, _ in gone:
                 old.close()
             if sock is None or _still_open(sock):
                 return sock
             sock.close()
 
-    def give_back(self, sock: socket.socket) -> None:
+    def give_back(self, sock: socket.socket, loop: object = None) -> None:
         with self._lock:
             if not self._closed and len(self._idle) < KEEP_IDLE:
-                self._idle.append((sock, time.monotonic()))
+                owner = weakref.ref(loop) if loop is not None else None
+                self._idle.append((sock, time.monotonic(), owner))
                 return
         sock.close()
 
@@ -220,6 +235,16 @@ class Wire(_Target):
             response = http.client.HTTPResponse(sock, method=method)
             try:
                 response.begin()
+                while 100 <= response.status < 200:
+                    # begin() passes a 100 by itself, not a 102 or a 103 (early hints): the
+                    # answer follows, on the same buffered reader.
+                    if response.status == 101:
+                        raise http.client.HTTPException("101 Switching Protocols, not asked for")
+                    following = http.client.HTTPResponse(sock, method=method)
+                    following.fp.close()
+                    following.fp, response.fp = response.fp, None  # type: ignore[assignment]
+                    response = following
+                    response.begin()
                 content = response.read()
             except TimeoutError as exc:
                 raise WireError(f"no answer in {timeout:g} s", never_sent=False) from exc
@@ -240,8 +265,9 @@ class Wire(_Target):
                 response.close()  # its file holds the socket open past sock.close()
             sock.close()
             raise
-        if response.will_close or unsent is not None:
-            sock.close()
+        smuggled = "transfer-encoding" in answer.headers and "content-length" in answer.headers
+        if response.will_close or unsent is not None or smuggled:
+            sock.close()  # (a length beside a coding: the connection is not to be trusted)
         else:
             self._pool.give_back(sock)
         return answer
@@ -277,7 +303,8 @@ _SEND_STEP = 256 * 1024
 class AsyncWire(_Target):
     """:class:`Wire` for asyncio: the same calls, each awaited on the running loop, over
     non-blocking sockets the loop waits on (``loop.sock_*``, which every event loop of the
-    standard library has). Any number of tasks, and of loops in turn, may share it."""
+    standard library has). Any number of tasks, and of loops (in threads, or one
+    ``asyncio.run`` after another), may share it; a connection is kept for its loop."""
 
     async def request(
         self,
@@ -290,7 +317,7 @@ class AsyncWire(_Target):
     ) -> Answer:
         message = self.message(method, path, params, body)
         loop = asyncio.get_running_loop()
-        sock = self._pool.take() or await self._connect(loop, timeout)
+        sock = self._pool.take(loop) or await self._connect(loop, timeout)
         try:
             unsent: OSError | None = None
             try:
@@ -307,7 +334,7 @@ class AsyncWire(_Target):
                 answer, keep = await reader.answer(method)
             except TimeoutError as exc:
                 raise WireError(f"no answer in {timeout:g} s", never_sent=False) from exc
-            except (OSError, _BadAnswer) as exc:
+            except (OSError, http.client.HTTPException) as exc:
                 failed = unsent or exc
                 raise WireError(
                     f"{'sending' if unsent else 'reading'}: {type(failed).__name__}: {failed}",
@@ -317,40 +344,50 @@ class AsyncWire(_Target):
             sock.close()
             raise
         if keep and unsent is None:
-            self._pool.give_back(sock)
+            self._pool.give_back(sock, loop)
         else:
             sock.close()
         return answer
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, timeout: float) -> socket.socket:
-        failed: BaseException | None = None
+        """A connection to the first address that takes one (each address, and the name's
+        lookup, under the timeout, as ``socket.create_connection`` does)."""
         try:
             async with asyncio.timeout(timeout):
                 addresses = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
-                for family, kind, proto, _, address in addresses:
-                    sock = socket.socket(family, kind, proto)
-                    try:
-                        sock.setblocking(False)
-                        await loop.sock_connect(sock, address)
-                    except BaseException as exc:
-                        sock.close()
-                        if not isinstance(exc, OSError) or isinstance(exc, TimeoutError):
-                            raise
-                        failed = exc
-                        continue
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    return sock
         except OSError as exc:  # the name not found, or the timeout (TimeoutError)
-            failed = exc
-        raise self._unreachable(failed or OSError("no address")) from failed
+            raise self._unreachable(_named(exc)) from exc
+        first: OSError | None = None
+        for family, kind, proto, _, address in addresses:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setblocking(False)
+                async with asyncio.timeout(timeout):
+                    await loop.sock_connect(sock, address)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError as exc:
+                sock.close()
+                first = first or _named(exc)
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            return sock
+        failed = first or OSError(f"no address for {self.host}")
+        raise self._unreachable(failed) from failed
 
 
-class _BadAnswer(Exception):
-    """What came back is not an HTTP/1.x answer."""
+def _named(exc: OSError) -> OSError:
+    """``asyncio.timeout``'s TimeoutError says nothing; a socket's says "timed out"."""
+    return TimeoutError("timed out") if isinstance(exc, TimeoutError) and not str(exc) else exc
+
+
+_STATUS = re.compile(r"HTTP/1\.([01]) ([0-9]{3})(?: (.*))?")
 
 
 class _Reader:
-    """One answer read off a non-blocking socket, each wait for more under the timeout."""
+    """One answer read off a non-blocking socket, each wait for more under the timeout. What
+    is not an HTTP/1.x answer raises ``http.client``'s exceptions, as :class:`Wire` does."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, timeout: float):
         self.loop = loop
@@ -358,10 +395,13 @@ class _Reader:
         self.timeout = timeout
         self.buffer = bytearray()
         self.ended = False
+        self.began = False  # anything of the answer came
 
     async def _more(self) -> None:
         if self.ended:
-            raise _BadAnswer("the connection closed before the answer ended")
+            if self.began or self.buffer:
+                raise http.client.IncompleteRead(bytes(self.buffer))
+            raise http.client.RemoteDisconnected("Remote end closed connection without response")
         async with asyncio.timeout(self.timeout):
             data = await self.loop.sock_recv(self.sock, 65536)
         if data:
@@ -371,14 +411,13 @@ class _Reader:
 
     async def until(self, mark: bytes, most: int) -> bytes:
         """Up to and without ``mark``, which is read too."""
-        while (at := self.buffer.find(mark)) < 0:
-            if len(self.buffer) > most:
-                raise _BadAnswer(f"no {mark!r} in {most} bytes")
+        while (at := self.buffer.find(mark, 0, most + len(mark))) < 0:
+            if len(self.buffer) >= most + len(mark):
+                raise http.client.LineTooLong(f"more than {most} bytes before {mark!r}")
             await self._more()
-        if at > most:
-            raise _BadAnswer(f"no {mark!r} in {most} bytes")
         part = bytes(self.buffer[:at])
         del self.buffer[: at + len(mark)]
+        self.began = True
         return part
 
     async def exactly(self, size: int) -> bytes:
@@ -400,41 +439,58 @@ class _Reader:
         while True:
             head = (await self.until(b"\r\n\r\n", MAX_HEAD_BYTES)).decode("latin-1")
             line, *lines = head.split("\r\n")
-            version, _, rest = line.partition(" ")
-            code, _, reason = rest.partition(" ")
-            if version not in ("HTTP/1.1", "HTTP/1.0") or not (len(code) == 3 and code.isdigit()):
-                raise _BadAnswer(f"not an HTTP/1.x status line: {line[:100]!r}")
-            headers: dict[str, str] = {}
+            status_line = _STATUS.fullmatch(line)
+            if status_line is None:
+                raise http.client.BadStatusLine(line[:100])
+            minor, code, reason = status_line.groups()
+            fields: list[tuple[str, str]] = []
             for field in lines:
                 name, colon, value = field.partition(":")
                 if not colon or not name or name != name.strip():
-                    raise _BadAnswer(f"not a header: {field[:100]!r}")
-                headers[name.lower()] = value.strip()
+                    raise http.client.HTTPException(f"not a header: {field[:100]!r}")
+                fields.append((name.lower(), value.strip()))
             status = int(code)
+            if status == 101:  # (never asked for: what follows is not HTTP)
+                raise http.client.HTTPException("101 Switching Protocols, not asked for")
             if not 100 <= status < 200:
                 break
+        headers = dict(fields)
         tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
-        keep = version == "HTTP/1.1" and "close" not in tokens
+        keep = minor == "1" and "close" not in tokens
+        lengths = {value for name, value in fields if name == "content-length"}
+        codings = [
+            t.strip().lower()
+            for name, value in fields
+            if name == "transfer-encoding"
+            for t in value.split(",")
+        ]
         if method == "HEAD" or status in (204, 304):
             content = b""
-        elif "chunked" in headers.get("transfer-encoding", "").lower():
-            content = await self._chunks()
-        elif (length := headers.get("content-length")) is not None:
-            if not _DIGITS.fullmatch(length):
-                raise _BadAnswer(f"a Content-Length of {length[:100]!r}")
+        elif codings:
+            # The length of a body sent with a coding is the coding's: chunked last, else
+            # the connection's end (RFC 9112 6.3); a length beside it is not to be trusted,
+            # and neither is the connection.
+            keep = keep and not lengths
+            if codings[-1] == "chunked":
+                content = await self._chunks()
+            else:
+                content, keep = await self.to_end(), False
+        elif lengths:
+            if len(lengths) > 1 or not _DIGITS.fullmatch(length := next(iter(lengths))):
+                raise http.client.HTTPException(f"a Content-Length of {sorted(lengths)!r}")
             content = await self.exactly(int(length))
         else:
             content, keep = await self.to_end(), False
         if self.buffer:
             keep = False  # more than the answer came: nothing may be read after it
-        return Answer(status, reason, headers, content), keep
+        return Answer(status, reason or "", headers, content), keep
 
     async def _chunks(self) -> bytes:
         parts: list[bytes] = []
         while True:
             size_line = (await self.until(b"\r\n", MAX_HEAD_BYTES)).split(b";")[0].strip()
             if not _HEX.fullmatch(size_line):
-                raise _BadAnswer(f"a chunk's size of {size_line[:100]!r}")
+                raise http.client.HTTPException(f"a chunk's size of {size_line[:100]!r}")
             size = int(size_line, 16)
             if size == 0:
                 while await self.until(b"\r\n", MAX_HEAD_BYTES):  # the trailers, if any
@@ -442,4 +498,4 @@ class _Reader:
                 return b"".join(parts)
             parts.append(await self.exactly(size))
             if await self.exactly(2) != b"\r\n":
-                raise _BadAnswer("a chunk not ended by CRLF")
+                raise http.client.HTTPException("a chunk not ended by CRLF")

@@ -4,6 +4,7 @@ errors, and resends that are safe because posts carry an idempotency key."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -750,9 +751,12 @@ def test_async_a_kept_connection_the_server_closed_while_idle_carries_no_call(se
     asyncio.run(run())
 
 
-def test_async_calls_in_turn_share_one_kept_connection_across_event_loops(server, key, proxy):
-    # A kept socket is not tied to the loop that made it: a producer made once and used
-    # from one asyncio.run after another keeps its connection.
+def test_async_calls_in_turn_share_one_kept_connection_and_each_event_loop_its_own(
+    server, key, proxy
+):
+    # Within one loop the calls share a connection. A producer made once and used from one
+    # asyncio.run after another makes a connection for each loop (Windows' loop binds a
+    # socket to itself for good), and the old loop's is closed, not kept.
     producer = AsyncProducer(proxy.url, key)
 
     async def post_five() -> None:
@@ -760,15 +764,18 @@ def test_async_calls_in_turn_share_one_kept_connection_across_event_loops(server
         for n in range(5):
             await producer.post("q", n)
 
-    asyncio.run(post_five())
-    asyncio.run(post_five())
-
     async def count() -> int:
         return (await producer.queue("q")).counts["pending"]
 
-    assert asyncio.run(count()) == 10
-    asyncio.run(producer.aclose())
-    assert proxy.accepted == 1
+    try:
+        asyncio.run(post_five())
+        assert proxy.accepted == 1
+        asyncio.run(post_five())
+        assert asyncio.run(count()) == 10
+        assert proxy.accepted == 3
+        assert len(producer._wire._pool._idle) == 1  # type: ignore[union-attr]
+    finally:
+        asyncio.run(producer.aclose())
 
 
 def test_async_a_connection_idle_past_the_keep_alive_expiry_is_not_used_again(
@@ -897,7 +904,7 @@ def test_async_an_http_proxy_of_the_environment_is_honoured_and_no_proxy_too(
 
 class _HandWrittenServer:
     """An HTTP/1.1 server (a thread, a socket) that answers every request with the same
-    bytes: the answers daphne does not give (chunked, interim 100, no length), as a proxy or
+    bytes: the answers daphne does not give (chunked, interim 1xx, no length), as a proxy or
     another server in front of Taskhoster may. Counts connections and requests."""
 
     def __init__(self, answer: bytes, *, close: bool = False) -> None:
@@ -935,7 +942,10 @@ class _HandWrittenServer:
                     if name.strip().lower() == b"content-length":
                         length = int(value)
                 while len(data) < length:
-                    data += conn.recv(65536)
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
                 data = data[length:]
                 self.requests += 1
                 conn.sendall(self.answer)
@@ -946,44 +956,67 @@ class _HandWrittenServer:
                     return  # an answer without a length ends where the connection does
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
         self.listener.close()
+        self._thread.join(5)
 
 
+_OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+
+
+@pytest.mark.parametrize("producer_type", ["Producer", "AsyncProducer"])
 @pytest.mark.parametrize(
-    "answer",
+    ("answer", "kept"),
     [
+        pytest.param(_OK + b"Content-Length: 2\r\n\r\n[]", True, id="a length"),
         pytest.param(
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n"
+            _OK + b"Transfer-Encoding: chunked\r\n\r\n"
             b"1;ext=1\r\n[\r\n1\r\n]\r\n0\r\nX-Trailer: 1\r\n\r\n",
+            True,
             id="chunked, with an extension and a trailer",
         ),
         pytest.param(
-            b"HTTP/1.1 100 Continue\r\n\r\n"
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[]",
+            _OK + b"Transfer-Encoding: chunked\r\nContent-Length: 9\r\n\r\n2\r\n[]\r\n0\r\n\r\n",
+            False,
+            id="chunked beside a length: chunked, the connection not kept",
+        ),
+        pytest.param(
+            b"HTTP/1.1 100 Continue\r\n\r\n" + _OK + b"Content-Length: 2\r\n\r\n[]",
+            True,
             id="an interim 100 first",
         ),
         pytest.param(
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n[]",
-            id="no length: ends with the connection",
+            b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n"
+            + _OK
+            + b"Content-Length: 2\r\n\r\n[]",
+            True,
+            id="early hints (103) first",
         ),
+        pytest.param(_OK + b"\r\n[]", False, id="no length: ends with the connection"),
     ],
 )
-def test_async_an_answer_of_any_http_1_1_framing_is_read_whole(answer: bytes, key):
-    # The blocking wire reads answers with the standard library's parser; the async wire
-    # has its own, which must read every framing HTTP/1.1 allows, and keep the connection
-    # only where the framing lets the next answer be found.
+def test_an_answer_of_any_http_1_1_framing_is_read_whole(
+    producer_type: str, answer: bytes, kept: bool, key
+):
+    # The blocking wire reads answers with the standard library's parser, the async wire with
+    # its own: each must read every framing HTTP/1.1 allows, and keep the connection only
+    # where the framing lets the next answer be found (else the next call reads this one's).
     server = _HandWrittenServer(answer)
     try:
+        if producer_type == "Producer":
+            with Producer(server.url, key, retries=0) as producer:
+                assert producer.queues() == []
+                assert producer.queues() == []
+        else:
 
-        async def run() -> None:
-            async with AsyncProducer(server.url, key, retries=0) as producer:
-                assert await producer.queues() == []
-                assert await producer.queues() == []
+            async def run() -> None:
+                async with AsyncProducer(server.url, key, retries=0) as producer:
+                    assert await producer.queues() == []
+                    assert await producer.queues() == []
 
-        asyncio.run(run())
+            asyncio.run(run())
         assert server.requests == 2
-        kept = b"Content-Length" in answer or b"chunked" in answer
         assert server.connections == (1 if kept else 2)
     finally:
         server.close()
@@ -993,22 +1026,32 @@ def test_async_an_answer_of_any_http_1_1_framing_is_read_whole(answer: bytes, ke
     "answer",
     [
         pytest.param(b"SMTP ready\r\n\r\n", id="not HTTP"),
-        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n[]", id="cut short"),
-        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n[]", id="a bad length"),
+        pytest.param(b"HTTP/1.1 2\xb20 OK\r\nContent-Length: 2\r\n\r\n[]", id="not a status"),
+        pytest.param(_OK + b"Content-Length: 5\r\n\r\n[]", id="cut short"),
+        pytest.param(_OK + b"Content-Length: -1\r\n\r\n[]", id="a bad length"),
+        pytest.param(_OK + b"Content-Length: 2\r\nContent-Length: 7\r\n\r\n[]", id="two lengths"),
         pytest.param(
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\n[]\r\n0\r\n\r\n",
+            _OK + b"Transfer-Encoding: chunked\r\n\r\n0x2\r\n[]\r\n0\r\n\r\n",
             id="a bad chunk size",
+        ),
+        pytest.param(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nContent-Length: 0\r\n\r\n",
+            id="a 101 not asked for (the connection left open)",
         ),
     ],
 )
-def test_async_an_answer_that_is_not_http_raises_connection_failed(answer: bytes, key):
-    server = _HandWrittenServer(answer, close=True)
+def test_async_an_answer_that_is_not_http_raises_connection_failed_at_once(answer: bytes, key):
+    # The server keeps the connection open (but for the answer cut short, which it ends):
+    # an answer read as wrong raises at once, one misread waits for more until the timeout.
+    server = _HandWrittenServer(answer, close=b"Content-Length: 5" in answer)
     try:
 
         async def run() -> None:
-            async with AsyncProducer(server.url, key, timeout=2, retries=0) as producer:
+            async with AsyncProducer(server.url, key, timeout=5, retries=0) as producer:
+                started = time.monotonic()
                 with pytest.raises(ConnectionFailed):
                     await producer.queues()
+                assert time.monotonic() - started < 2  # read as wrong, not waited out
 
         asyncio.run(run())
     finally:
