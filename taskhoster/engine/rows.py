@@ -200,30 +200,26 @@ def group_transaction(pipelined: bool = True) -> Iterator[None]:
     On PostgreSQL (``Dialect.pipeline``) and when ``pipelined``, its statements are sent
     without waiting for each one's answer until one is read (psycopg's pipeline mode): a
     group's locks and writes go with the statement after them, its last ones with the
-    ``COMMIT``. The server runs them in the order sent, so a lock is still held before the
-    rows read after it. An error is raised where the answers are next read, as Django's
-    error (a lost key race is still ``IntegrityError``), and the transaction fails whole,
-    as it would without: the answers still owed are read first, so that the rollback is
-    not dropped with them (a pipeline discards what follows an error until then)."""
+    pipeline's end, just before the ``COMMIT``. The server runs them in the order sent, so
+    a lock is still held before the rows read after it. An error is raised where the
+    answers are next read, as Django's error (a lost key race is still
+    ``IntegrityError``), inside the transaction, which then fails whole (or, nested, its
+    savepoint), as it would without: the answers still owed are read first, so that the
+    rollback is not dropped with them (a pipeline discards what follows an error until
+    then). The transaction is begun and ended outside the pipeline: psycopg waits for a
+    pipeline's answers (a round trip, even with nothing sent) whenever autocommit is set
+    in one, and Django sets it as a transaction begins and after it ends."""
     if not (pipelined and dialect().pipeline):
         with transaction.atomic():
             yield
         return
-    connection.ensure_connection()
-    nested = connection.in_atomic_block
     with (
+        transaction.atomic(),
         connection.wrap_database_errors,
         connection.connection.pipeline() as pipeline,
-        transaction.atomic(),
     ):
         try:
             yield
-            if nested:
-                # Inside the caller's transaction, the group ends with a savepoint's
-                # release: an error of its last statements must be read before that, so
-                # that the savepoint is rolled back and the caller's transaction goes on.
-                # (Outermost, a failing COMMIT ends the transaction whole.)
-                pipeline.sync()
         except BaseException:
             with suppress(Exception):  # (the error being raised says what failed)
                 pipeline.sync()

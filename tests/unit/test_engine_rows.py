@@ -357,3 +357,47 @@ def test_a_statement_on_many_ids_is_one_text_and_the_server_keeps_it_prepared(
             [seen[0].replace("%s", "$1")],
         )
         assert cursor.fetchone()[0] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_groups_transaction_on_postgresql_waits_for_no_empty_round_trip(
+    make_queue: Any, tmp_path: Any
+) -> None:
+    """A group's transaction is begun and ended outside its pipeline: psycopg syncs a
+    pipeline (sends ``Sync`` and waits for the server's answer) whenever autocommit is set
+    in one, and Django sets it as a transaction begins and after it ends, so each group
+    waited twice for nothing. Read off the wire (libpq's trace of the connection): every
+    ``Sync`` the group sends carries a statement."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's pipeline mode")
+    from psycopg import pq
+
+    make_queue("q")
+    rows = _copies("q", 2)
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with open(tmp_path / "trace", "w+b") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            with sql.group_transaction():
+                sql.insert_rows(rows[:1])
+                assert set(sql.select_rows([rows[0].id], lock=True)) == {rows[0].id}
+                sql.insert_rows(rows[1:])
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        sent = [
+            line.split("\t")[2].strip()
+            for line in trace.read().decode().splitlines()
+            if line.startswith("F\t")
+        ]
+    assert sent, "nothing traced"
+    empty = [
+        at
+        for at, message in enumerate(sent)
+        if message == "Sync" and at > 0 and sent[at - 1] in ("Sync", "Flush")
+    ]
+    assert sent[0] != "Sync", sent
+    assert not empty, sent
+    assert set(sql.select_rows([r.id for r in rows], lock=False)) == {r.id for r in rows}
