@@ -166,6 +166,20 @@ class _Pool:
         sock.close()
 
 
+def _stalled(timeout: float) -> WireError:
+    return WireError(f"sending: no progress in {timeout:g} s", never_sent=False)
+
+
+def _unanswered(timeout: float) -> WireError:
+    return WireError(f"no answer in {timeout:g} s", never_sent=False)
+
+
+def _broken(failed: BaseException, *, sending: bool) -> WireError:
+    """A call whose request was sent in part or whole and whose answer was not read whole."""
+    step = "sending" if sending else "reading"
+    return WireError(f"{step}: {type(failed).__name__}: {failed}", never_sent=False)
+
+
 class _Target:
     """One server's address, and the request each call sends it."""
 
@@ -227,7 +241,7 @@ class Wire(_Target):
             try:
                 _send(sock, message)
             except TimeoutError as exc:
-                raise WireError(f"sending: no progress in {timeout:g} s", never_sent=False) from exc
+                raise _stalled(timeout) from exc
             except OSError as exc:
                 # The server may have answered before reading it all (413 for a body over
                 # its limit) and closed: that answer is the call's, if it can be read.
@@ -247,13 +261,9 @@ class Wire(_Target):
                     response.begin()
                 content = response.read()
             except TimeoutError as exc:
-                raise WireError(f"no answer in {timeout:g} s", never_sent=False) from exc
+                raise _unanswered(timeout) from exc
             except (OSError, http.client.HTTPException) as exc:
-                failed = unsent or exc
-                raise WireError(
-                    f"{'sending' if unsent else 'reading'}: {type(failed).__name__}: {failed}",
-                    never_sent=False,
-                ) from failed
+                raise _broken(unsent or exc, sending=unsent is not None) from (unsent or exc)
             answer = Answer(
                 response.status,
                 response.reason,
@@ -326,20 +336,16 @@ class AsyncWire(_Target):
                     async with asyncio.timeout(timeout):
                         await loop.sock_sendall(sock, view[start : start + _SEND_STEP])
             except TimeoutError as exc:
-                raise WireError(f"sending: no progress in {timeout:g} s", never_sent=False) from exc
+                raise _stalled(timeout) from exc
             except OSError as exc:
                 unsent = exc  # the server may have answered before reading it all (Wire)
             reader = _Reader(loop, sock, timeout)
             try:
                 answer, keep = await reader.answer(method)
             except TimeoutError as exc:
-                raise WireError(f"no answer in {timeout:g} s", never_sent=False) from exc
+                raise _unanswered(timeout) from exc
             except (OSError, http.client.HTTPException) as exc:
-                failed = unsent or exc
-                raise WireError(
-                    f"{'sending' if unsent else 'reading'}: {type(failed).__name__}: {failed}",
-                    never_sent=False,
-                ) from failed
+                raise _broken(unsent or exc, sending=unsent is not None) from (unsent or exc)
         except BaseException:  # a cancelled call's connection too: its answer is unread
             sock.close()
             raise

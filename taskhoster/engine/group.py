@@ -149,7 +149,7 @@ class Group:
         self.outermost = False  # its own transaction, not a savepoint in its caller's
         # Its transaction's id, where a lost commit can be asked about.
         self.xid: sql.TransactionId | None = None
-        self.committing = False  # its statements done: what fails now may have committed
+        self.committing = False  # its statements sent: what fails now may have committed
         # Each existing row whose file this group changes, as it found it
         # (``put_back_files``).
         self.found: dict[str, RowStamp] = {}
@@ -174,7 +174,7 @@ class Group:
         outermost = self.outermost = not connection.in_atomic_block
         if outermost:
             # Django sets this once its COMMIT succeeded, before it runs the commit's hooks
-            # (and turning autocommit back on, which can fail first, in a pipeline): with
+            # (and turning autocommit back on, which can fail first): with
             # ``committed`` it says the group stands. A stale one, from a connection that
             # failed there before, must not.
             connection.run_commit_hooks_on_set_autocommit_on = False
@@ -205,9 +205,9 @@ class Group:
             if not isinstance(exc, Exception):
                 raise
             # Committed, then the connection failed: during the COMMIT (its answer lost), or
-            # on the way out (autocommit turned back on, or a pipeline's end, meeting the
-            # database gone). The group stands, and is answered, flushed and announced as
-            # committed; undoing its files, or running it again, would contradict its rows.
+            # on the way out (autocommit turned back on meeting the database gone). The
+            # group stands, and is answered, flushed and announced as committed; undoing
+            # its files, or running it again, would contradict its rows.
             # The connection is given up (and the hooks Django still holds with it).
             log.warning("a group of %d committed, then: %s", len(self.ops), exc)
             self.committed = True

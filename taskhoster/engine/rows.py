@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
@@ -200,26 +200,37 @@ def group_transaction(pipelined: bool = True) -> Iterator[None]:
     On PostgreSQL (``Dialect.pipeline``) and when ``pipelined``, its statements are sent
     without waiting for each one's answer until one is read (psycopg's pipeline mode): a
     group's locks and writes go with the statement after them, its last ones with the
-    pipeline's end, just before the ``COMMIT``. The server runs them in the order sent, so
-    a lock is still held before the rows read after it. An error is raised where the
-    answers are next read, as Django's error (a lost key race is still
-    ``IntegrityError``), inside the transaction, which then fails whole (or, nested, its
-    savepoint), as it would without: the answers still owed are read first, so that the
-    rollback is not dropped with them (a pipeline discards what follows an error until
-    then). The transaction is begun and ended outside the pipeline: psycopg waits for a
-    pipeline's answers (a round trip, even with nothing sent) whenever autocommit is set
-    in one, and Django sets it as a transaction begins and after it ends."""
+    pipeline's end. The server runs them in the order sent, so a lock is still held before
+    the rows read after it. An error is raised where the answers are next read, as Django's
+    error (a lost key race is still ``IntegrityError``), inside the transaction (or
+    savepoint), which then fails whole, as it would without: the answers still owed are
+    read first, so that the rollback is not dropped with them (a pipeline discards what
+    follows an error until then).
+
+    A transaction of its own is begun and ended outside the pipeline, its ``COMMIT`` after
+    the pipeline's end: psycopg waits for a pipeline's answers (a round trip, even with
+    nothing sent) whenever autocommit is set in one, and Django sets it as a transaction
+    begins and after it ends. A savepoint in the caller's transaction sets no autocommit,
+    and goes in the pipeline (its release after the last answers are read, so that an
+    error of the last statements rolls the savepoint back and the caller's transaction
+    goes on)."""
     if not (pipelined and dialect().pipeline):
         with transaction.atomic():
             yield
         return
-    with (
-        transaction.atomic(),
-        connection.wrap_database_errors,
-        connection.connection.pipeline() as pipeline,
-    ):
+    connection.ensure_connection()
+    outermost = not connection.in_atomic_block
+    with ExitStack() as stack:
+        if outermost:
+            stack.enter_context(transaction.atomic())
+        stack.enter_context(connection.wrap_database_errors)
+        pipeline = stack.enter_context(connection.connection.pipeline())
+        if not outermost:
+            stack.enter_context(transaction.atomic())
         try:
             yield
+            if not outermost:
+                pipeline.sync()  # (before the savepoint's release)
         except BaseException:
             with suppress(Exception):  # (the error being raised says what failed)
                 pipeline.sync()

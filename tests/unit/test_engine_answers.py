@@ -118,9 +118,9 @@ def test_a_key_whose_item_was_deleted_earlier_in_the_group_posts_a_new_item(make
 def test_a_group_that_committed_stands_when_its_connection_fails_on_the_way_out(
     make_queue, monkeypatch
 ):
-    """Django turns autocommit back on after its COMMIT, before the commit's hooks run (on
-    PostgreSQL, in a pipeline, a round trip): a connection lost there raises though the group
-    committed. The group stands: answered, its files kept, not run a second time (a claim run
+    """Django turns autocommit back on after its COMMIT, before the commit's hooks run (a
+    driver may meet the connection gone there): a connection lost there raises though the
+    group committed. The group stands: answered, its files kept, not run a second time (a claim run
     again takes a second item, its first one left processing with its file put back). The
     loss is the driver's, made here at Django's boundary: a real one cannot be timed to that
     instant."""

@@ -360,14 +360,15 @@ def test_a_statement_on_many_ids_is_one_text_and_the_server_keeps_it_prepared(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_groups_transaction_on_postgresql_waits_for_no_empty_round_trip(
+def test_a_groups_transaction_on_postgresql_sets_autocommit_outside_its_pipeline(
     make_queue: Any, tmp_path: Any
 ) -> None:
-    """A group's transaction is begun and ended outside its pipeline: psycopg syncs a
-    pipeline (sends ``Sync`` and waits for the server's answer) whenever autocommit is set
-    in one, and Django sets it as a transaction begins and after it ends, so each group
-    waited twice for nothing. Read off the wire (libpq's trace of the connection): every
-    ``Sync`` the group sends carries a statement."""
+    """A group's own transaction is begun and ended outside its pipeline: psycopg syncs a
+    pipeline (sends ``Sync`` and waits for the server's answer, with nothing queued)
+    whenever autocommit is set in one, and Django sets it as a transaction begins and
+    after it ends, so each group waited twice for nothing. Read off the wire (libpq's trace
+    of the connection): the group's first message is its ``BEGIN``, not a ``Sync``, and its
+    ``COMMIT`` is its last, after the pipeline's end, with no ``Sync`` after it."""
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's pipeline mode")
     from psycopg import pq
@@ -387,17 +388,16 @@ def test_a_groups_transaction_on_postgresql_waits_for_no_empty_round_trip(
         finally:
             pgconn.untrace()
         trace.seek(0)
+        # Each message the client sent: its type, and what follows (a statement's text).
         sent = [
-            line.split("\t")[2].strip()
+            line.split("\t", 3)[2:]
             for line in trace.read().decode().splitlines()
             if line.startswith("F\t")
         ]
-    assert sent, "nothing traced"
-    empty = [
-        at
-        for at, message in enumerate(sent)
-        if message == "Sync" and at > 0 and sent[at - 1] in ("Sync", "Flush")
-    ]
-    assert sent[0] != "Sync", sent
-    assert not empty, sent
+    kinds = [message[0].strip() for message in sent]
+    assert kinds[0] == "Parse", kinds
+    assert '"BEGIN"' in sent[0][1], sent[0]
+    commits = [at for at, message in enumerate(sent) if '"COMMIT"' in "".join(message)]
+    assert commits == [len(sent) - 1], kinds
+    assert "Sync" in kinds[: commits[0]], kinds  # the pipeline's end, before it
     assert set(sql.select_rows([r.id for r in rows], lock=False)) == {r.id for r in rows}
