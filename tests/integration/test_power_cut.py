@@ -29,13 +29,13 @@ also lose the database), and then:
   acknowledged verdict is taken back by a later result.
 
 Every crash point is visited (one after each recorded operation). The states of a point are
-counted exactly; CI checks up to ``TASKHOSTER_POWER_CUT_STATES_PER_POINT`` of them (the state
-that keeps nothing unflushed, and a seeded sample: 4 on SQLite, 2 on PostgreSQL), and
-``TASKHOSTER_POWER_CUT_ALL=1`` (``scripts/power-cut-all``) checks every one. Each mode prints
-``explored N of M states``. (On PostgreSQL a state costs some three times what it costs on
-SQLite, its repair and drain being round trips; the disk's states are the database's
-business in neither, and the run on PostgreSQL is the longer of CI's two: it checks the
-dialect's way through the repair and the drain on half as many of them.)
+counted exactly; CI checks up to 4 of them on SQLite and 2 on PostgreSQL (the state that keeps
+nothing unflushed, and a seeded sample of the rest; ``TASKHOSTER_POWER_CUT_STATES_PER_POINT``
+sets that number for both), and ``TASKHOSTER_POWER_CUT_ALL=1`` (``scripts/power-cut-all``)
+checks every one. Each mode prints ``explored N of M states``. (On PostgreSQL a state costs
+some three times what it costs on SQLite, its repair and drain being round trips; the disk's
+states do not depend on the database, and the run on PostgreSQL is the longer of CI's two:
+it checks the dialect's way through the repair and the drain on up to 2 states a point.)
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ from .consistency import assert_index_matches_directories, assert_threads_consis
 from .crash_model import Disk, write_tree
 
 # Every state of every crash point (``scripts/power-cut-all``), or up to this many a point
-# (unset: ``states_per_point``).
+# (unset, empty or 0: ``states_per_point``).
 ALL_STATES = os.environ.get("TASKHOSTER_POWER_CUT_ALL") == "1"
 STATES_PER_POINT = int(os.environ.get("TASKHOSTER_POWER_CUT_STATES_PER_POINT") or 0)
 # With every state, this process checks the states numbered i modulo n ("i/n"; all: "0/1").
@@ -574,9 +574,10 @@ def run_on(acks: Acknowledged, what: StateName) -> None:
 
 @pytest.mark.slow
 @pytest.mark.django_db
-# Up to 145 s a mode on PostgreSQL beside the SQLite run with 4 states a point (each state is
-# repaired into an empty database and drained), 30-48 s on SQLite: bounded by the count of
-# states, not by this clock.
+# On PostgreSQL (2 states a point) some 158 s for the three modes on a quiet machine (with 4
+# a point, up to 145 s a mode beside the SQLite run); 30-48 s a mode on SQLite (4 a point)
+# beside the PostgreSQL run. Each state is repaired into an empty database and drained:
+# bounded by the count of states, not by this clock.
 @pytest.mark.timeout(600)
 # "auto": syncfs for a group of several files, the fsyncs for a group of one (as a journaled
 # ext4 measures it), the two barriers mixed in one workload.
