@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import sys
 import threading
+
+from .libc import libc
 
 PR_SET_NAME = 15
 MAX_BYTES = 15  # Linux keeps 15 bytes of a thread's name
@@ -31,9 +32,9 @@ def name_os_thread(name: str | None = None) -> None:
     only; elsewhere, or if it fails, nothing happens."""
     if not sys.platform.startswith("linux"):
         return
-    libc_name = ctypes.util.find_library("c")
-    if not libc_name:
+    found = libc()
+    if found is None:
         return
     wanted = os_name(name or threading.current_thread().name).encode("utf-8")
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(libc_name).prctl(PR_SET_NAME, ctypes.c_char_p(wanted), 0, 0, 0)
+        found.prctl(PR_SET_NAME, ctypes.c_char_p(wanted), 0, 0, 0)

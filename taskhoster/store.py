@@ -25,8 +25,6 @@ enumerate what a power cut could leave.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import json
 import logging
 import os
@@ -46,6 +44,7 @@ from .errors import StoreError as StoreError  # re-exported: engine.removal, eng
 from .errors import StoreWriteFailed
 from .faults import crash_point
 from .ids import ID_PATTERN
+from .libc import libc
 from .status import State
 
 QUEUE_NAME_PATTERN = re.compile(patterns.QUEUE)
@@ -82,14 +81,8 @@ class FileMissing(StoreError):
 
 
 def _load_syncfs() -> Any:
-    name = ctypes.util.find_library("c")
-    if not name:
-        return None
-    try:
-        libc = ctypes.CDLL(name, use_errno=True)
-        return libc.syncfs
-    except (OSError, AttributeError):
-        return None
+    found = libc()
+    return getattr(found, "syncfs", None) if found is not None else None
 
 
 _syncfs = _load_syncfs()

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
-import ctypes.util
 import fcntl
 import logging
 import os
@@ -52,6 +50,7 @@ from django.conf import settings
 from .. import bus, events, metrics
 from ..errors import StoreError, TaskhosterError
 from ..faults import fault, slow_seconds
+from ..libc import libc
 from ..osthread import name_os_thread
 from . import admission, runner
 from .common import store
@@ -439,12 +438,12 @@ class ChildCommitter:
 
 def _die_with_parent() -> None:
     """Linux: be killed when the server process dies, however it dies."""
-    libc_name = ctypes.util.find_library("c")
-    if not libc_name:
+    found = libc()
+    if found is None:
         return
     with contextlib.suppress(OSError, AttributeError):
         pr_set_pdeathsig = 1
-        ctypes.CDLL(libc_name).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        found.prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 class PipeCommitter(runner.Committer):
