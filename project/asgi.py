@@ -7,6 +7,13 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 django.setup(set_prefix=False)
 
+# The state root and the committer process first: the committer's start (a process of its
+# own) goes on beside the imports below rather than after them. ``asgi.start()`` does the
+# rest of the start.
+from taskhoster import startup  # noqa: E402
+
+startup.start_engine()
+
 # Imported only once Django is set up: the consumers import models.
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402

@@ -45,12 +45,12 @@ from django.core import signals
 from django.core.exceptions import DisallowedHost, RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
-from django.db import DatabaseError, connections
+from django.db import connections
 from django.http import HttpResponseBase
 from django.http.request import split_domain_port, validate_host
 from django.urls import Resolver404, get_resolver, set_script_prefix
 
-from . import bus, engine, health, identity
+from . import bus, engine, health, startup
 from .api import loop_posts
 from .conf import get_conf
 from .faults import fault, slow_seconds
@@ -91,16 +91,7 @@ def start() -> None:
     """
     if engine.start_is_held():
         return  # the system checks are importing the ASGI module: nothing is started
-    # A root that cannot be made is reported by /healthz, not raised here.
-    with contextlib.suppress(OSError):
-        get_conf().root.mkdir(parents=True, exist_ok=True)
-    if get_conf().root.is_dir():
-        try:
-            identity.check()  # a state root another database indexes: refuse to start
-        except DatabaseError as exc:
-            # The database is away: /healthz says so; the committer checks before it writes.
-            log.warning("could not compare the state root's identity with the index: %s", exc)
-    engine.start_committer()
+    startup.start_engine()  # (done already where the ASGI module called it first)
     bus.listen_in_background()  # other processes' news: for long-polls and sockets alike
     health.monitor.start()  # /healthz from now on: at once, from its latest report
     health.own_port.start()  # and on HEALTH_LISTEN, if set

@@ -1,0 +1,56 @@
+"""A server process's start: what it does first."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ..conftest import REPO, server_env
+
+pytestmark = pytest.mark.slow
+
+# Run in a process of its own: the project's ASGI module imported as daphne imports it, and
+# for every process it starts, whether the server's handler (``taskhoster.asgi``, with the
+# REST framework and the views) had been imported by then. Python's audit hook sees the
+# start as it happens; nothing of the server is replaced.
+_WATCH_THE_START = textwrap.dedent(
+    """
+    import json, sys
+
+    started = []
+
+    def hook(event, args):
+        if event == "subprocess.Popen" and "taskhoster.committer_process" in list(args[1]):
+            started.append("taskhoster.asgi" in sys.modules)
+
+    sys.addaudithook(hook)
+    import project.asgi  # noqa: F401
+
+    print(json.dumps(started))
+    """
+)
+
+
+def test_the_committer_process_starts_before_the_server_imports_its_handler(
+    transactional_db, state_root
+):
+    """``project/asgi.py`` starts the committer process (``taskhoster.startup``) as soon as
+    Django is set up, so that its start (a process of its own, which ``/healthz`` waits for)
+    goes on beside the rest of the server's imports rather than after them; ``asgi.start()``
+    finds it started, and no second one is started."""
+    done = subprocess.run(
+        [sys.executable, "-c", _WATCH_THE_START],
+        cwd=REPO,
+        env=server_env(state_root),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    started = json.loads(done.stdout.strip().splitlines()[-1])
+    assert started == [False], "one committer process, started before the handler's imports"
