@@ -7,6 +7,7 @@ import atexit
 import contextlib
 import fcntl
 import gc
+import http.client
 import os
 import random
 import signal
@@ -21,7 +22,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 from django.conf import settings
@@ -381,11 +381,16 @@ class Server:
                 time.sleep(0.05)  # not bound yet: an answer on the port would be another's
                 continue
             try:
-                status = httpx.get(f"{self.url}/healthz", timeout=5).status_code
-                if status == 200 or not healthy:
-                    return self
-            except httpx.HTTPError:
+                status = _healthz_status(self.port)
+            except (OSError, http.client.HTTPException):
                 time.sleep(0.1)
+                continue
+            if status == 200 or not healthy:
+                return self
+            # Not ready yet (its committer process starts beside it): asked again shortly,
+            # not at once. Each answer costs the starting server CPU, which its committer's
+            # start needs.
+            time.sleep(0.02)
         raise RuntimeError("daphne did not start")
 
     def kill(self) -> None:
@@ -420,6 +425,18 @@ class Server:
                     os.killpg(group, signal.SIGKILL)
                 deadline = time.monotonic() + within
             time.sleep(0.02)
+
+
+def _healthz_status(port: int) -> int:
+    """The status of ``GET /healthz`` on ``port``, over a plain connection (``httpx.get``
+    builds a client, and its TLS context, for each call: milliseconds of CPU each while
+    the server starts)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        connection.request("GET", "/healthz")
+        return connection.getresponse().status
+    finally:
+        connection.close()
 
 
 def _group_alive(group: int) -> bool:
