@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -50,3 +51,35 @@ def test_naming_one_thread_leaves_the_calling_thread_alone() -> None:
     thread.start()
     thread.join()
     assert _comm_of(threading.get_native_id()) == mine
+
+
+# In a fresh interpreter: the store (``syncfs``) and a thread naming itself, with every
+# process started meanwhile seen by Python's audit hook.
+_LOAD_THE_C_LIBRARY = """
+import sys, threading
+started = []
+sys.addaudithook(lambda event, args: started.append(args) if event == "subprocess.Popen" else None)
+from taskhoster import store
+from taskhoster.osthread import name_os_thread
+for n in range(3):
+    thread = threading.Thread(target=name_os_thread, args=(f"taskhoster-x-{n}",))
+    thread.start()
+    thread.join()
+print(store._syncfs is not None, started)
+"""
+
+
+@linux_only
+def test_the_c_library_is_loaded_without_starting_a_process() -> None:
+    """``syncfs`` and ``prctl`` come from the process's own C library, loaded once
+    (``taskhoster.libc``): ``ctypes.util.find_library`` ran ``ldconfig`` in a subprocess at
+    each use, a fork of the whole server each time a thread was named."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD_THE_C_LIBRARY],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.stdout.strip() == "True []", done.stdout + done.stderr
