@@ -21,8 +21,8 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from taskhoster import asgi  # noqa: E402
 from taskhoster.routing import websocket_urlpatterns  # noqa: E402
 
-# The state root exists from the start (so /healthz answers about it plainly), and no
-# request waits for a committer process to start.
+# The rest of the start: the news from other processes listened for, the health monitor
+# (/healthz from now on), the start-up heap frozen.
 asgi.start()
 asgi.skip_twisted_form_parsing()
 asgi.refuse_bodies_early()  # a body that will be refused is refused before it is read

@@ -1,9 +1,10 @@
 """The C library's functions that the standard library does not wrap (``syncfs``, ``prctl``),
 loaded once a process.
 
-``ctypes.util.find_library("c")`` runs ``ldconfig`` (or a compiler) in a subprocess on each
-call: a fork of the whole server process, each time a thread was named. The process's own
-symbols, which include the C library it runs on, are what is needed.
+``ctypes.util.find_library("c")`` starts a process (``ldconfig -p``, or a compiler) on each
+call: one each time a thread was named. The process's own symbols, which include the C
+library it runs on, are what is needed (where ``find_library`` found nothing, a musl image
+without a compiler, ``syncfs`` and the threads' names are now used too).
 """
 
 from __future__ import annotations

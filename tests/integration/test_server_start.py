@@ -45,7 +45,7 @@ def test_the_committer_process_starts_before_the_server_imports_its_handler(
     done = subprocess.run(
         [sys.executable, "-c", _WATCH_THE_START],
         cwd=REPO,
-        env=server_env(state_root),
+        env=server_env(state_root, TASKHOSTER_COMMITTER="process"),
         capture_output=True,
         text=True,
         timeout=120,
