@@ -100,8 +100,10 @@ def channel_layer() -> dict[str, Any]:
 
 
 def _write_probe(root: Path) -> str | None:
-    """Write, flush and remove a small file in the state root: None, or why it failed."""
-    path = root / f".health.{os.getpid()}"
+    """Write, flush and remove a small file in the state root: None, or why it failed. The
+    file is this thread's own: the monitor's thread and a request's thread (Django's view,
+    before the monitor's first report) may probe at the same moment."""
+    path = root / f".health.{os.getpid()}.{threading.get_ident()}"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
