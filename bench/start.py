@@ -1,8 +1,8 @@
 """A server's start: from its launch to ``/healthz`` answering 200, and the CPU it took.
 
-A benchmark, not a test. ``--starts`` (8) times in a row, a daphne serving the project (as
-``scripts/serve`` starts it, fsync on) on a fresh database and state root is launched and
-``/healthz`` asked every 20 ms over a plain connection until it answers 200. For each start:
+A benchmark, not a test. ``--starts`` (8) times in a row, a daphne serving the project's
+ASGI app (fsync on) on a fresh database and state root is launched and ``/healthz`` asked
+every 20 ms over a plain connection until it answers 200. For each start:
 the seconds until daphne says it listens, until its first answer, until a 200 (the committer
 process ready), and the CPU seconds daphne and its committer process had used by then (from
 ``/proc``). The table gives the medians. A test suite starts hundreds of servers; an
@@ -43,15 +43,7 @@ from bench.core import (
     migrate,
     say,
 )
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+from bench.http_load import cpu_seconds
 
 
 def healthz(port: int) -> int:
