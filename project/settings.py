@@ -173,13 +173,21 @@ def _database() -> dict[str, object]:
         options.setdefault("keepalives_interval", 2)
         options.setdefault("keepalives_count", 3)
         # The index can be rebuilt from the durable item files, so a commit need not wait
-        # for the database's own flush.
-        options.setdefault("options", "-c synchronous_commit=off")
+        # for the database's own flush. A prepared statement is planned for its values at
+        # each run (``plan_cache_mode``): a plan made once for any values (PostgreSQL's
+        # "generic" plan, kept until the table is next analyzed) while the item table was
+        # small reads the whole table, and after a burst of posts had grown it to 200,000
+        # rows every claim and verdict read all of them until autovacuum's ANALYZE came
+        # (post-to-worker latency on another queue 6 -> 190 ms). Planning again costs some
+        # tens of microseconds a statement.
+        options.setdefault(
+            "options", "-c synchronous_commit=off -c plan_cache_mode=force_custom_plan"
+        )
         # The engine's statements (``taskhoster.engine.rows``, bound by the server) are
-        # kept prepared on their connection once run a few times: parsed and planned once,
-        # not once a group. Django's own queries are never prepared. Behind a connection
-        # pooler in transaction mode that does not carry prepared statements from one
-        # client to the next: TASKHOSTER_DB_PREPARE=0.
+        # kept prepared on their connection once run a few times: parsed once, not once a
+        # group. Django's own queries are never prepared. Behind a connection pooler in
+        # transaction mode that does not carry prepared statements from one client to the
+        # next: TASKHOSTER_DB_PREPARE=0.
         if _env_flag("TASKHOSTER_DB_PREPARE", True):
             options.setdefault("prepare_threshold", 5)
         if os.environ.get("TASKHOSTER_TEST_DB"):
