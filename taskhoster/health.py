@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -100,12 +101,13 @@ def channel_layer() -> dict[str, Any]:
 
 
 def _write_probe(root: Path) -> str | None:
-    """Write, flush and remove a small file in the state root: None, or why it failed. The
-    file is this thread's own: the monitor's thread and a request's thread (Django's view,
-    before the monitor's first report) may probe at the same moment."""
-    path = root / f".health.{os.getpid()}.{threading.get_ident()}"
+    """Write and remove a small file in the state root: None, or why it failed. The file is
+    this call's own (a random name, made with ``O_EXCL``): the monitor's thread and a
+    request's thread (Django's view, before the monitor's first report) may probe at the same
+    moment, and processes of two hosts that share the root may have one pid (containers')."""
+    path = root / f".health.{secrets.token_hex(8)}"
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.write(fd, b"ok\n")
         finally:
