@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -18,6 +19,17 @@ def _env_flag(name: str, default: bool) -> bool:
     if value is None or value == "":
         return default
     return value.strip().lower() not in {"0", "false", "no", "off"}
+
+
+def _server_settings(given: str, **defaults: str) -> str:
+    """PostgreSQL's startup ``options`` (``-c name=value ...``): ``given`` (DATABASE_URL's
+    ``?options=``), with ``-c name=value`` added for each of ``defaults`` it does not set."""
+    added = [
+        f"-c {name}={value}"
+        for name, value in defaults.items()
+        if not re.search(rf"(-c\s*|--){name.replace('_', '[-_]')}\s*=", given)
+    ]
+    return " ".join([given.strip(), *added]).strip()
 
 
 def _secret_key() -> str:
@@ -178,10 +190,13 @@ def _database() -> dict[str, object]:
         # "generic" plan, kept until the table is next analyzed) while the item table was
         # small reads the whole table, and after a burst of posts had grown it to 200,000
         # rows every claim and verdict read all of them until autovacuum's ANALYZE came
-        # (post-to-worker latency on another queue 6 -> 190 ms). Planning again costs some
-        # tens of microseconds a statement.
-        options.setdefault(
-            "options", "-c synchronous_commit=off -c plan_cache_mode=force_custom_plan"
+        # (a post's answer on another queue went from 6-9 ms to 104-188 ms). Planning again
+        # costs some tens of microseconds a statement. Each is added to DATABASE_URL's
+        # ``?options=`` unless that sets it.
+        options["options"] = _server_settings(
+            str(options.get("options") or ""),
+            synchronous_commit="off",
+            plan_cache_mode="force_custom_plan",
         )
         # The engine's statements (``taskhoster.engine.rows``, bound by the server) are
         # kept prepared on their connection once run a few times: parsed once, not once a

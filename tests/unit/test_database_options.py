@@ -1,0 +1,61 @@
+"""The PostgreSQL server settings the project asks for at connect time (``project/settings.py``)
+are kept when DATABASE_URL brings startup options of its own, unless those set them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def startup_options(url: str) -> str:
+    """The ``options`` the project's settings give the connection for DATABASE_URL ``url``."""
+    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "project.settings"}
+    env.pop("TASKHOSTER_TEST_DB", None)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from django.conf import settings; "
+            "print(settings.DATABASES['default']['OPTIONS']['options'])",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+BASE = "postgres://u@127.0.0.1:5432/db"
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("", "-c synchronous_commit=off -c plan_cache_mode=force_custom_plan"),
+        (
+            "?currentSchema=app",  # made into options="-c search_path=app"
+            "-c search_path=app -c synchronous_commit=off -c plan_cache_mode=force_custom_plan",
+        ),
+        (
+            "?options=-c%20plan_cache_mode%3Dauto",
+            "-c plan_cache_mode=auto -c synchronous_commit=off",
+        ),
+        (
+            "?options=--synchronous-commit%3Don",
+            "--synchronous-commit=on -c plan_cache_mode=force_custom_plan",
+        ),
+    ],
+)
+def test_startup_options_from_the_url_keep_the_projects_settings_they_do_not_set(
+    query: str, expected: str
+) -> None:
+    assert startup_options(BASE + query) == expected
