@@ -19,18 +19,29 @@ Each row is one connection's; the modes alternate, ``--rounds`` (3) times::
     .venv/bin/python bench/plans.py --database-url postgres://postgres@127.0.0.1:5432/postgres
 """
 
+# ruff: noqa: E402
 from __future__ import annotations
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(_HERE)
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
 
 import argparse
 import datetime
-import os
 import statistics
-import sys
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
-from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from bench.core import LOCAL_HOSTS, BenchError, _pg_execute, load_average, say
 
 MODES = ("auto", "force_custom_plan", "force_generic_plan")
 COLUMNS = (
@@ -52,10 +63,6 @@ UPDATE = (
     + ", ".join(f'"{c}"' for c, _ in COLUMNS)
     + ') WHERE t.id = v."id"'
 )
-
-
-def say(*parts: Any) -> None:
-    print(*parts, file=sys.stderr, flush=True)
 
 
 def fill(conn: psycopg.Connection[Any], first: int, count: int) -> None:
@@ -118,11 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
+    if urlsplit(args.database_url).hostname not in LOCAL_HOSTS:
+        raise BenchError("this benchmark only talks to 127.0.0.1: use a local PostgreSQL")
     name = f"bench_plans_{os.getpid()}"
-    with psycopg.connect(args.database_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = psycopg.conninfo.make_conninfo(args.database_url, dbname=name)
+    url = make_conninfo(args.database_url, dbname=name)
     results: dict[str, dict[str, list[float]]] = {m: {"steady": [], "grown": []} for m in MODES}
+    _pg_execute(args.database_url, "CREATE DATABASE {}", name)
     try:
         with psycopg.connect(url) as conn:
             version = conn.execute("SHOW server_version").fetchone()
@@ -135,19 +143,20 @@ def main(argv: list[str] | None = None) -> int:
                 results[mode]["grown"].append(grown(url, mode, args))
             say({m: {k: [round(x) for x in v] for k, v in r.items()} for m, r in results.items()})
     finally:
-        with psycopg.connect(args.database_url, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+        _pg_execute(args.database_url, "DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
     print()
-    print(f"one row's UPDATE ... FROM unnest, prepared: median µs of each round ({args.rounds})")
-    print(f"{'plan_cache_mode':<20} {'steady':>24} {'grown by ' + format(args.rows, ','):>28}")
+    print(f"one row's UPDATE ... FROM unnest, prepared: median µs of each round; {load_average()}")
+    print(f"{'plan_cache_mode':<20} {'steady':<{8 * args.rounds}}  grown by {args.rows:,}")
     for mode in MODES:
-        steady_us = " ".join(f"{x:>7,.0f}" for x in results[mode]["steady"])
-        grown_us = " ".join(f"{x:>8,.0f}" for x in results[mode]["grown"])
-        print(f"{mode:<20} {steady_us:>24} {grown_us:>28}")
+        steady_us = "".join(f"{x:>8,.0f}" for x in results[mode]["steady"])
+        grown_us = "".join(f"{x:>9,.0f}" for x in results[mode]["grown"])
+        print(f"{mode:<20} {steady_us:<{8 * args.rounds}}  {grown_us}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BenchError as exc:
+        say(f"error: {exc}")
+        sys.exit(2)
