@@ -26,13 +26,15 @@ or, where it needs a fresh process, tests/integration/test_checks_command.py):
   ``/work`` consumer;
 - W001 fsync off; W002 several processes and no Redis; W003 a relative state root; W004 a
   limit below the contract's figure; W005 SQLite without IMMEDIATE transactions; W006 no
-  ``ASGI_APPLICATION`` to look at; W007 an ASGI wrapper the check cannot see through.
+  ``ASGI_APPLICATION`` to look at; W007 an ASGI wrapper the check cannot see through; W008
+  PostgreSQL's prepared statements without ``plan_cache_mode=force_custom_plan``.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
+import re
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -346,7 +348,30 @@ def check_processes(
                 id=_id("W005"),
             )
         )
+    if connections["default"].vendor == "postgresql" and _plans_kept(options):
+        found.append(
+            checks.Warning(
+                "PostgreSQL with prepared statements (OPTIONS['prepare_threshold']) and "
+                "without plan_cache_mode=force_custom_plan: a statement's plan made while the "
+                "item table was small, which reads the whole table, can be kept until its next "
+                "ANALYZE; after a burst of posts every claim and verdict then reads all of it.",
+                hint="Add '-c plan_cache_mode=force_custom_plan' to OPTIONS['options'] (as "
+                "project/settings.py does), or leave prepare_threshold out. If the database "
+                "or role sets it (ALTER ROLE ... SET), silence this warning.",
+                id=_id("W008"),
+            )
+        )
     return found
+
+
+def _plans_kept(options: dict[str, Any]) -> bool:
+    """Whether a PostgreSQL connection with these OPTIONS prepares statements (psycopg's
+    ``prepare_threshold``; Django leaves it None: nothing prepared) without asking the
+    server to plan each run for its values."""
+    if options.get("prepare_threshold") is None:
+        return False
+    startup = str(options.get("options") or "")
+    return not re.search(r"(-c\s*|--)plan[-_]cache[-_]mode\s*=\s*force_custom_plan\b", startup)
 
 
 def check_redis_url(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> Messages:

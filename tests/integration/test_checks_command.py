@@ -134,6 +134,19 @@ def test_sqlite_with_deferred_write_transactions_is_W005(tmp_path):
     assert "taskhoster.W005" not in done.stderr
 
 
+def test_postgresql_prepared_statements_with_plans_kept_for_any_values_is_W008(tmp_path):
+    # The check reads the settings only: no PostgreSQL server need answer.
+    nowhere = "postgres://nobody@127.0.0.1:1/none"
+    kept = nowhere + "?options=-c%20plan_cache_mode%3Dauto"
+    done = run(tmp_path, "manage.py", "check", DATABASE_URL=kept)
+    assert done.returncode == 0, done.stderr
+    assert "taskhoster.W008" in done.stderr
+    for env in ({"DATABASE_URL": nowhere}, {"DATABASE_URL": kept, "TASKHOSTER_DB_PREPARE": "0"}):
+        done = run(tmp_path, "manage.py", "check", **env)
+        assert done.returncode == 0, done.stderr
+        assert "taskhoster.W008" not in done.stderr, env
+
+
 CHILDREN = """
 import json, os, sys
 import django
