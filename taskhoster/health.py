@@ -100,12 +100,16 @@ def channel_layer() -> dict[str, Any]:
     return {"backend": backend, "scope": "all processes" if shared else "this process"}
 
 
+# The name of the write probe's file in the state root begins so (a random end follows).
+PROBE_PREFIX = ".health."
+
+
 def _write_probe(root: Path) -> str | None:
     """Write and remove a small file in the state root: None, or why it failed. The file is
     this call's own (a random name, made with ``O_EXCL``): the monitor's thread and a
     request's thread (Django's view, before the monitor's first report) may probe at the same
     moment, and processes of two hosts that share the root may have one pid (containers')."""
-    path = root / f".health.{secrets.token_hex(8)}"
+    path = root / f"{PROBE_PREFIX}{secrets.token_hex(8)}"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:

@@ -30,6 +30,7 @@ from typing import Any, cast
 import httpx
 import pytest
 
+from taskhoster import health
 from taskhoster.models import ApiKey, Item, Queue, Thread
 
 from . import test_api_bad_input as cases
@@ -57,7 +58,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 # What a running server changes by itself: its log beside the state root, and the file its
 # health monitor writes and removes in the state root every few seconds (``health``).
 SERVER_LOG = re.compile(r"^daphne-\d+\.log$")
-HEALTH_PROBE = re.compile(r"^\.health\.\d+$")
+HEALTH_PROBE = re.compile(rf"^{re.escape(health.PROBE_PREFIX)}[0-9a-f]+$")
 
 
 def parametrized(test: Any, argnames: str) -> list[Any]:
