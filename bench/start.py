@@ -2,11 +2,11 @@
 
 A benchmark, not a test. ``--starts`` (8) times in a row, a daphne serving the project's
 ASGI app (fsync on) on a fresh database and state root is launched and ``/healthz`` asked
-every 20 ms over a plain connection until it answers 200. For each start:
-the seconds until daphne says it listens, until its first answer, until a 200 (the committer
-process ready), and the CPU seconds daphne and its committer process had used by then (from
-``/proc``). The table gives the medians. A test suite starts hundreds of servers; an
-operator's restart waits for one::
+every 20 ms over a plain connection until it answers 200. For each start: the seconds until
+daphne says it listens, until its first answer, until a 200 (the committer process ready),
+and the CPU seconds daphne and its committer process had used by then (from ``/proc``). The
+table gives the medians. A test suite starts hundreds of servers; an operator's restart
+waits for one::
 
     .venv/bin/python bench/start.py
     .venv/bin/python bench/start.py --starts 8 --database-url postgres://postgres@127.0.0.1:5432/postgres

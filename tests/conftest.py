@@ -287,6 +287,35 @@ def database_url() -> str:
     return f"postgres://{user}{password}@{host}:{port}/{db['NAME']}"
 
 
+def needs_postgresql(why: str) -> pytest.MarkDecorator:
+    """Skip where the test database is SQLite: ``why`` names what the test needs a database
+    server for."""
+    return pytest.mark.skipif(database_url().startswith("sqlite"), reason=why)
+
+
+def python_in_project(
+    *args: str,
+    env: dict[str, str] | None = None,
+    without: tuple[str, ...] = (),
+    check: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """``python *args`` from the repository with the project's settings, in this process's
+    environment changed by ``env`` and less the variables named in ``without``, its output
+    captured as text."""
+    environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings", **(env or {})}
+    for name in without:
+        environment.pop(name, None)
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=check,
+    )
+
+
 def server_env(root: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(

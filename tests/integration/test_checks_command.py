@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import httpx
 import pytest
 
+from ..conftest import REPO, python_in_project
 from .wsclient import (
     PONG,
     assert_nothing_before,
@@ -28,30 +27,20 @@ from .wsclient import (
     subscribe,
 )
 
-REPO = Path(__file__).resolve().parent.parent.parent
-
 pytestmark = pytest.mark.slow
 
 
 def run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """``python *args`` from the repository, with the project's settings and a var/ and state
     root of the test's own."""
-    environment = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "project.settings",
-        "PYTHONPATH": str(REPO),
-        "TASKHOSTER_VAR": str(tmp_path / "var"),
-        "TASKHOSTER_ROOT": str(tmp_path / "state"),
-        **env,
-    }
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=REPO,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    return python_in_project(
+        *args,
+        env={
+            "PYTHONPATH": str(REPO),
+            "TASKHOSTER_VAR": str(tmp_path / "var"),
+            "TASKHOSTER_ROOT": str(tmp_path / "state"),
+            **env,
+        },
     )
 
 

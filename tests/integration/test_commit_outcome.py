@@ -34,7 +34,7 @@ from taskhoster.engine.repair import repair
 from taskhoster.models import Item
 from taskhoster.status import State, Status
 
-from ..conftest import REPO, Server, database_url, server_env
+from ..conftest import REPO, Server, needs_postgresql, server_env
 from . import ownpostgres
 from .ownpostgres import OwnPostgres
 from .tcpproxy import TcpProxy
@@ -43,9 +43,7 @@ from .wsclient import connect, recv, send, subscribe
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        database_url().startswith("sqlite"), reason="a connection to lose: PostgreSQL"
-    ),
+    needs_postgresql("a connection to lose: PostgreSQL"),
 ]
 
 # What marks the connection to cut: a post's insert (the first one of a server, which

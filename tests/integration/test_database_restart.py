@@ -33,16 +33,14 @@ from taskhoster.client import Job, RetryableError, Worker
 from taskhoster.models import Item
 from taskhoster.status import Status
 
-from ..conftest import Server, database_url
+from ..conftest import Server, database_url, needs_postgresql
 from .tcpproxy import TcpProxy
 from .test_processes import REDIS_URL
 from .wsclient import connect, recv, send
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        database_url().startswith("sqlite"), reason="a database server to restart: PostgreSQL"
-    ),
+    needs_postgresql("a database server to restart: PostgreSQL"),
 ]
 
 POST_EVERY = 0.01

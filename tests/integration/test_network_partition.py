@@ -24,15 +24,13 @@ import pytest
 
 from taskhoster import engine
 
-from ..conftest import Server, database_url
+from ..conftest import Server, needs_postgresql
 from .netpartition import Partition
 from .test_database_restart import env_through, proxy_to_database
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        database_url().startswith("sqlite"), reason="a network to a database server: PostgreSQL"
-    ),
+    needs_postgresql("a network to a database server: PostgreSQL"),
 ]
 
 # What the server's connection options bound (project/settings.py): data unacknowledged for

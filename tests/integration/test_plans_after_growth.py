@@ -31,14 +31,12 @@ from django.db import connection
 from taskhoster import engine
 from taskhoster.models import Item, Queue
 
-from ..conftest import Server, database_url
+from ..conftest import Server, database_url, needs_postgresql
 from .wsclient import connect, recv, send, subscribe
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        database_url().startswith("sqlite"), reason="PostgreSQL's prepared statements' plans"
-    ),
+    needs_postgresql("PostgreSQL's prepared statements' plans"),
 ]
 
 GROWN = 20_000

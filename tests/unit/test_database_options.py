@@ -3,32 +3,19 @@ are kept when DATABASE_URL brings startup options of its own, unless those set t
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from ..conftest import python_in_project
 
 
 def startup_options(url: str) -> str:
     """The ``options`` the project's settings give the connection for DATABASE_URL ``url``."""
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "project.settings"}
-    env.pop("TASKHOSTER_TEST_DB", None)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from django.conf import settings; "
-            "print(settings.DATABASES['default']['OPTIONS']['options'])",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    done = python_in_project(
+        "-c",
+        "from django.conf import settings; "
+        "print(settings.DATABASES['default']['OPTIONS']['options'])",
+        env={"DATABASE_URL": url},
+        without=("TASKHOSTER_TEST_DB",),
         check=True,
     )
     return done.stdout.strip()
