@@ -102,6 +102,10 @@ def channel_layer() -> dict[str, Any]:
 
 # The name of the write probe's file in the state root begins so (a random end follows).
 PROBE_PREFIX = ".health."
+# A probe's file that a killed process left is removed by a monitor's start once it is this
+# old, in seconds (a younger one may be another process's probing now: processes of several
+# hosts may share the root, and their clocks differ).
+PROBE_LEFT_AFTER = 3600.0
 
 
 def _write_probe(root: Path) -> str | None:
@@ -122,6 +126,30 @@ def _write_probe(root: Path) -> str | None:
             os.unlink(path)
         return f"a write failed: {exc.strerror or exc}"
     return None
+
+
+def remove_left_probes(root: Path) -> int:
+    """Remove the write probes' files that killed processes left in the state root (those
+    ``PROBE_LEFT_AFTER`` old or more), and say how many. A probe's file lives for a write and
+    an unlink, so only a kill between the two leaves one; without this, each such kill would
+    leave a file in the root for good. One pass over the root's own entries (its queues'
+    directories, not their items), as the monitor starts."""
+    try:
+        with os.scandir(root) as entries:
+            left = [
+                entry
+                for entry in entries
+                if entry.name.startswith(PROBE_PREFIX) and entry.is_file(follow_symlinks=False)
+            ]
+    except OSError:
+        return 0
+    removed = 0
+    for entry in left:
+        with contextlib.suppress(OSError):
+            if entry.stat(follow_symlinks=False).st_mtime <= time.time() - PROBE_LEFT_AFTER:
+                os.unlink(entry.path)
+                removed += 1
+    return removed
 
 
 def state_root() -> dict[str, Any]:
@@ -302,6 +330,14 @@ class Monitor:
         from .osthread import name_os_thread
 
         name_os_thread()
+        try:
+            removed = remove_left_probes(engine.store_root())
+            if removed:
+                log.info(
+                    "health: removed %d write probes' files that killed processes left", removed
+                )
+        except Exception:
+            log.exception("the health monitor could not look for write probes left behind")
         while True:
             started = time.monotonic()
             try:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
+
+from taskhoster.health import PROBE_LEFT_AFTER, PROBE_PREFIX
 
 from ..conftest import REPO, server_env
 
@@ -54,3 +58,20 @@ def test_the_committer_process_starts_before_the_server_imports_its_handler(
     assert done.returncode == 0, done.stderr[-2000:]
     started = json.loads(done.stdout.strip().splitlines()[-1])
     assert started == [False], "one committer process, started before the handler's imports"
+
+
+def test_a_server_started_removes_the_old_write_probes_a_kill_left_in_its_state_root(
+    server_factory, state_root
+):
+    """A kill between the health probe's write and its unlink leaves the probe's file in the
+    state root; a server's health monitor removes it as it starts, once an hour old."""
+    state_root.mkdir(parents=True, exist_ok=True)
+    left = state_root / f"{PROBE_PREFIX}00112233aabbccdd"
+    left.write_bytes(b"ok\n")
+    then = time.time() - PROBE_LEFT_AFTER - 60
+    os.utime(left, (then, then))
+    server_factory()  # started, /healthz answering 200
+    deadline = time.monotonic() + 10
+    while left.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left.exists(), "the old probe's file is still in the state root"

@@ -1,13 +1,16 @@
 """The state root's write probe (``taskhoster.health``): the health monitor's thread and a
 request's thread (Django's ``/healthz`` view, before the monitor's first report) may probe
-the same root at the same moment, and neither may see the other's file as its own failure."""
+the same root at the same moment, and neither may see the other's file as its own failure;
+a probe's file a kill left is removed later, and only then."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from pathlib import Path
 
-from taskhoster.health import _write_probe
+from taskhoster.health import PROBE_LEFT_AFTER, PROBE_PREFIX, _write_probe, remove_left_probes
 
 
 def test_write_probes_at_once_in_one_process_do_not_fail_each_other(tmp_path: Path) -> None:
@@ -29,3 +32,27 @@ def test_write_probes_at_once_in_one_process_do_not_fail_each_other(tmp_path: Pa
         thread.join()
     assert failures == [], f"{len(failures)} of {threads * rounds} probes failed: {failures[:3]}"
     assert list(tmp_path.iterdir()) == [], "every probe removes its file"
+
+
+def test_a_probes_file_a_kill_left_is_removed_once_old_and_nothing_else(tmp_path: Path) -> None:
+    def made(name: str, age: float, *, directory: bool = False) -> Path:
+        path = tmp_path / name
+        if directory:
+            path.mkdir()
+        else:
+            path.write_bytes(b"ok\n")
+        then = time.time() - age
+        os.utime(path, (then, then))
+        return path
+
+    old = PROBE_LEFT_AFTER + 60
+    made(f"{PROBE_PREFIX}0123456789abcdef", old)
+    kept = {
+        made(f"{PROBE_PREFIX}fedcba9876543210", 5).name,  # another process's, probing now
+        made(f"{PROBE_PREFIX}dir", old, directory=True).name,  # no probe of ours
+        made("health.0123", old).name,  # not the prefix
+        made("q", old, directory=True).name,  # a queue
+    }
+    assert remove_left_probes(tmp_path) == 1
+    assert {p.name for p in tmp_path.iterdir()} == kept
+    assert remove_left_probes(tmp_path / "missing") == 0
