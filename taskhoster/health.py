@@ -102,9 +102,9 @@ def channel_layer() -> dict[str, Any]:
 
 # The name of the write probe's file in the state root begins so (a random end follows).
 PROBE_PREFIX = ".health."
-# A probe's file that a killed process left is removed by a monitor's start once it is this
-# old, in seconds (a younger one may be another process's probing now: processes of several
-# hosts may share the root, and their clocks differ).
+# A probe's file that a killed process left is removed, after a monitor's first report, once
+# it is this old, in seconds (a younger one may be another process's probing now: processes
+# of several hosts may share the root, and their clocks differ).
 PROBE_LEFT_AFTER = 3600.0
 
 
@@ -133,7 +133,7 @@ def remove_left_probes(root: Path) -> int:
     ``PROBE_LEFT_AFTER`` old or more), and say how many. A probe's file lives for a write and
     an unlink, so only a kill between the two leaves one; without this, each such kill would
     leave a file in the root for good. One pass over the root's own entries (its queues'
-    directories, not their items), as the monitor starts."""
+    directories, not their items), once the monitor's first report is made."""
     try:
         with os.scandir(root) as entries:
             left = [
@@ -330,14 +330,7 @@ class Monitor:
         from .osthread import name_os_thread
 
         name_os_thread()
-        try:
-            removed = remove_left_probes(engine.store_root())
-            if removed:
-                log.info(
-                    "health: removed %d write probes' files that killed processes left", removed
-                )
-        except Exception:
-            log.exception("the health monitor could not look for write probes left behind")
+        looked_for_left_probes = False
         while True:
             started = time.monotonic()
             try:
@@ -348,10 +341,27 @@ class Monitor:
                     self.latest = (time.monotonic(), healthy, body)
                 finally:
                     self.state = (self.latest, None)
+                if not looked_for_left_probes:
+                    looked_for_left_probes = True
+                    self._remove_left_probes()
                 close_old_connections()
             except Exception:
                 log.exception("the health monitor could not make its report")
             time.sleep(max(0.05, get_conf().health_interval - (time.monotonic() - started)))
+
+    def _remove_left_probes(self) -> None:
+        """Once, after the first report (so a root that does not answer delays no report):
+        as a check of the state root, so that should the root hang here, ``current`` says
+        the state root does not answer, as the root's own check would."""
+        self._checking("stateRoot")
+        try:
+            removed = remove_left_probes(engine.store_root())
+            if removed:
+                log.info("health: removed %d write probes' files killed processes left", removed)
+        except Exception:
+            log.exception("the health monitor could not look for write probes left behind")
+        finally:
+            self.state = (self.latest, None)
 
 
 def _own_port_answer(request: bytes) -> bytes:

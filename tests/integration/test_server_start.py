@@ -64,7 +64,7 @@ def test_a_server_started_removes_the_old_write_probes_a_kill_left_in_its_state_
     server_factory, state_root
 ):
     """A kill between the health probe's write and its unlink leaves the probe's file in the
-    state root; a server's health monitor removes it as it starts, once an hour old."""
+    state root; a server's health monitor removes it after its first report, once an hour old."""
     state_root.mkdir(parents=True, exist_ok=True)
     left = state_root / f"{PROBE_PREFIX}00112233aabbccdd"
     left.write_bytes(b"ok\n")
