@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import socket
 import threading
@@ -100,11 +101,13 @@ def channel_layer() -> dict[str, Any]:
     return {"backend": backend, "scope": "all processes" if shared else "this process"}
 
 
-# The name of the write probe's file in the state root begins so (a random end follows).
+# The name of the write probe's file in the state root: this prefix, then 16 random hex digits.
 PROBE_PREFIX = ".health."
+PROBE_NAME = re.compile(rf"{re.escape(PROBE_PREFIX)}[0-9a-f]{{16}}")
 # A probe's file that a killed process left is removed, after a monitor's first report, once
-# it is this old, in seconds (a younger one may be another process's probing now: processes
-# of several hosts may share the root, and their clocks differ).
+# it is this old, in seconds. A younger one may be another process's, probing now: processes
+# of several hosts may share the root, and on a network filesystem a file's time is the file
+# server's clock, compared with this host's.
 PROBE_LEFT_AFTER = 3600.0
 
 
@@ -112,7 +115,9 @@ def _write_probe(root: Path) -> str | None:
     """Write and remove a small file in the state root: None, or why it failed. The file is
     this call's own (a random name, made with ``O_EXCL``): the monitor's thread and a
     request's thread (Django's view, before the monitor's first report) may probe at the same
-    moment, and processes of two hosts that share the root may have one pid (containers')."""
+    moment, and processes of two hosts that share the root may have one pid (containers').
+    A file gone before its own unlink was written all the same: only another host whose
+    clock is an hour ahead of the file server's can have taken it (``remove_left_probes``)."""
     path = root / f"{PROBE_PREFIX}{secrets.token_hex(8)}"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -120,7 +125,8 @@ def _write_probe(root: Path) -> str | None:
             os.write(fd, b"ok\n")
         finally:
             os.close(fd)
-        os.unlink(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.unlink(path)
@@ -133,22 +139,30 @@ def remove_left_probes(root: Path) -> int:
     ``PROBE_LEFT_AFTER`` old or more), and say how many. A probe's file lives for a write and
     an unlink, so only a kill between the two leaves one; without this, each such kill would
     leave a file in the root for good. One pass over the root's own entries (its queues'
-    directories, not their items), once the monitor's first report is made."""
+    directories, not their items), once the monitor's first report is made. What cannot be
+    listed or removed is logged and left (the state root's own check reports the root)."""
     try:
         with os.scandir(root) as entries:
             left = [
                 entry
                 for entry in entries
-                if entry.name.startswith(PROBE_PREFIX) and entry.is_file(follow_symlinks=False)
+                if PROBE_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False)
             ]
-    except OSError:
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        log.warning("health: could not look for write probes left in %s: %s", root, exc)
         return 0
     removed = 0
     for entry in left:
-        with contextlib.suppress(OSError):
+        try:
             if entry.stat(follow_symlinks=False).st_mtime <= time.time() - PROBE_LEFT_AFTER:
                 os.unlink(entry.path)
                 removed += 1
+        except FileNotFoundError:
+            continue  # another process removed it first
+        except OSError as exc:
+            log.warning("health: could not remove the write probe left at %s: %s", entry.path, exc)
     return removed
 
 

@@ -58,7 +58,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 # What a running server changes by itself: its log beside the state root, and the file its
 # health monitor writes and removes in the state root every few seconds (``health``).
 SERVER_LOG = re.compile(r"^daphne-\d+\.log$")
-HEALTH_PROBE = re.compile(rf"^{re.escape(health.PROBE_PREFIX)}[0-9a-f]+$")
+HEALTH_PROBE = health.PROBE_NAME
 
 
 def parametrized(test: Any, argnames: str) -> list[Any]:
@@ -97,7 +97,7 @@ def _tree(root: Path, *, skip: Path | None = None) -> dict[str, str]:
     for path in root.rglob("*"):
         if skip is not None and (path == skip or skip in path.parents):
             continue
-        if SERVER_LOG.match(path.name) or HEALTH_PROBE.match(path.name):
+        if SERVER_LOG.match(path.name) or HEALTH_PROBE.fullmatch(path.name):
             continue
         rel = str(path.relative_to(root))
         out[rel] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
