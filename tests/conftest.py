@@ -298,6 +298,7 @@ def python_in_project(
     env: dict[str, str] | None = None,
     without: tuple[str, ...] = (),
     check: bool = False,
+    timeout: float = 60,
 ) -> subprocess.CompletedProcess[str]:
     """``python *args`` from the repository with the project's settings, in this process's
     environment changed by ``env`` and less the variables named in ``without``, its output
@@ -311,7 +312,7 @@ def python_in_project(
         env=environment,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         check=check,
     )
 

@@ -18,7 +18,6 @@ import contextlib
 import fcntl
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ from taskhoster.client import Producer
 from taskhoster.engine.process import PIPE_BYTES
 from taskhoster.models import Item
 
-from ..conftest import Server, free_port
+from ..conftest import Server, free_port, python_in_project
 
 pytestmark = pytest.mark.slow
 
@@ -389,21 +388,12 @@ def test_healthz_on_its_own_port_answers_while_the_event_loop_is_held(server_fac
 
 def test_health_listen_must_be_host_and_port(tmp_path):
     """A HEALTH_LISTEN that is not ``host:port`` is refused by the system checks, by name."""
-    env = {
-        **os.environ,
-        "TASKHOSTER_HEALTH_LISTEN": "localhost",
-        "TASKHOSTER_ROOT": str(tmp_path / "state"),
-        "DJANGO_SETTINGS_MODULE": "project.settings",
-    }
-    env.pop("TASKHOSTER_TEST_DB", None)
-    done = subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=Path(__file__).resolve().parents[2],
+    done = python_in_project(
+        "manage.py",
+        "check",
+        env={"TASKHOSTER_HEALTH_LISTEN": "localhost", "TASKHOSTER_ROOT": str(tmp_path / "state")},
+        without=("TASKHOSTER_TEST_DB",),
         timeout=120,
-        check=False,
     )
     assert done.returncode != 0
     assert "HEALTH_LISTEN" in done.stderr, done.stderr
