@@ -368,7 +368,10 @@ class Server:
         ``free_port`` lets its port go before daphne binds it, and another process (CI runs
         two suites side by side) may take it in between, if rarely: then daphne says so and
         exits, and it is started again on another port (a few times). Until daphne says it
-        listens, whatever answers on the port is not it, and is not asked."""
+        listens, whatever answers on the port is not it, and is not asked. Refused while it
+        runs: the running daphne would be lost to ``stop`` and outlive the test."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError(f"daphne (pid {self.proc.pid}) is running: stop it first")
         for _attempt in range(4):
             try:
                 return self._start(healthy=healthy)
