@@ -104,9 +104,11 @@ class HeldItems(dict[str, Held]):
     """The items a socket holds, by id, with the sum of their frames' sizes kept as they
     come and go (``size``): the dispatcher asks for it before every push, and summing it
     each time would cost a socket of large capacity its whole map per item. Every way of
-    changing the map keeps it (copies too)."""
+    changing the map keeps it (copies too), and counts in ``version``: the dispatcher lists a
+    socket for the registry again only when its version moved (``registry_entries``)."""
 
     size = 0
+    version = 0
 
     def __init__(self, *args: Any, **kwargs: Held) -> None:
         super().__init__()
@@ -116,21 +118,25 @@ class HeldItems(dict[str, Held]):
         old = super().get(key)
         super().__setitem__(key, value)
         self.size += value.size - (old.size if old is not None else 0)
+        self.version += 1
 
     def __delitem__(self, key: str) -> None:
         self.size -= self[key].size
         super().__delitem__(key)
+        self.version += 1
 
     def pop(self, key: str, *default: Any) -> Any:
         if key in self:
             value = super().pop(key)
             self.size -= value.size
+            self.version += 1
             return value
         return super().pop(key, *default)
 
     def popitem(self) -> tuple[str, Held]:
         key, value = super().popitem()
         self.size -= value.size
+        self.version += 1
         return key, value
 
     def setdefault(self, key: str, default: Held) -> Held:
@@ -160,6 +166,7 @@ class HeldItems(dict[str, Held]):
     def clear(self) -> None:
         super().clear()
         self.size = 0
+        self.version += 1
 
 
 Answer = Awaitable[dict[str, Any] | None]

@@ -65,6 +65,8 @@ class Entry:
 
     def same(self, other: Entry | None) -> bool:
         """Whether ``other`` (the last published) needs no new write for this one."""
+        if other is self:
+            return True  # given again unchanged (``Dispatcher.registry_entries``)
         if other is None:
             return False
         moved = (self.last_seen_at - other.last_seen_at).total_seconds()

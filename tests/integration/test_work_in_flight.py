@@ -321,6 +321,25 @@ def test_workers_lists_each_open_socket_with_what_it_holds_and_forgets_a_closed_
     asyncio.run(run())
 
 
+def test_workers_lists_an_item_pushed_to_a_socket_already_listed_idle(server, http, key):
+    """A socket listed as holding nothing, which then gets an item pushed without sending a
+    frame, is listed with it: its process lists a socket again once what it holds moved,
+    not only once it was heard from."""
+    make_queue(http)
+
+    async def run() -> None:
+        ws = await connect(server, key)
+        await subscribe_named(ws, "gamma")
+        await asyncio.to_thread(listed, http, "gamma", held=[])
+        await asyncio.sleep(1.5)  # listed idle by a later report too
+        item = await asyncio.to_thread(post, http, "x")
+        assert (await recv(ws))["id"] == item
+        await asyncio.to_thread(listed, http, "gamma", held=[item])
+        await ws.close()
+
+    asyncio.run(run())
+
+
 def test_a_drained_worker_gets_nothing_new_and_its_held_items_result_is_accepted(server, http, key):
     make_queue(http)
 

@@ -1,5 +1,6 @@
 """A socket's held items keep the sum of their frames' sizes as they come and go: the
-dispatcher's byte bound (``MAX_SOCKET_HELD_BYTES``) reads it before every push."""
+dispatcher's byte bound (``MAX_SOCKET_HELD_BYTES``) reads it before every push. Every change
+moves their ``version``: the registry's listing of the socket is made again by it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ def test_held_items_size_is_the_sum_of_the_frames_held_through_every_change() ->
     for step in range(2000):
         key = f"i{rng.randrange(40)}"
         action = rng.randrange(9)
+        before, version = dict(held), held.version
         if action == 0:
             held[key] = Held("lease", "q", 1, rng.randrange(1, 5000))  # new or replaced
         elif action == 1 and key in held:
@@ -35,6 +37,8 @@ def test_held_items_size_is_the_sum_of_the_frames_held_through_every_change() ->
         else:
             held[key] = Held("lease", "q", 1, rng.randrange(1, 5000))
         assert held.size == sum(h.size for h in held.values()), step
+        if dict(held) != before:
+            assert held.version > version, f"step {step}: changed, version kept"
     assert held.pop("absent", "default") == "default"
     for twin in (
         held.copy(),
