@@ -101,12 +101,16 @@ class Publisher:
             return set()
         draining: set[str] = set()
         with transaction.atomic():
+            if beat and _touch():
+                # This process's row was gone, and with it its sockets' rows: another process
+                # forgot it (its heartbeat had stopped FORGET_SECONDS, the database away that
+                # long), or the database lost them. What was written is written again.
+                changed = list(entries)
             if closed:
                 WorkerSocket.objects.filter(id__in=closed).delete()
             for entry in changed:
                 WorkerSocket.objects.update_or_create(id=entry.id, defaults=_fields(entry))
             if beat:
-                _touch()
                 draining = set(
                     WorkerSocket.objects.filter(process=PROCESS, draining=True).values_list(
                         "id", flat=True
@@ -137,8 +141,9 @@ def _fields(entry: Entry) -> dict[str, Any]:
     }
 
 
-def _touch() -> None:
-    ServerProcess.objects.update_or_create(
+def _touch() -> bool:
+    """This process's heartbeat; whether its row had to be made (the first, or it was gone)."""
+    _row, created = ServerProcess.objects.update_or_create(
         process=PROCESS,
         defaults={
             "host": socket_module.gethostname()[:255],
@@ -147,6 +152,7 @@ def _touch() -> None:
             "seen_at": utcnow(),
         },
     )
+    return created
 
 
 def _forget_gone() -> None:
