@@ -535,9 +535,10 @@ class Dispatcher:
     def registry_entries(self) -> list[registry.Entry]:
         """This process's authenticated open sockets, as the registry lists them. A socket's
         entry is made again only when something it lists moved (its held map's ``version``
-        among them); otherwise the last one is given again, which the publisher knows for
-        unchanged at a glance. The reporter asks every second: with a thousand idle sockets,
-        making every entry afresh was most of the process's idle CPU."""
+        among them); otherwise the last one is given again, which the publisher, once it has
+        written that very entry, knows for unchanged at a glance. The reporter asks every
+        second: with a thousand idle sockets, making every entry afresh was the largest part
+        of the Python daphne ran while idle, in a profile (``docs/performance.md``)."""
         listed: dict[str, tuple[Any, tuple[Any, ...], registry.Entry]] = {}
         entries: list[registry.Entry] = []
         for s in list(self.sockets):

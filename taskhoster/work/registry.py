@@ -12,7 +12,9 @@ A process that stops cleanly deletes its rows (``forget``). One that dies leaves
 heartbeat stops: its sockets are left out of every listing once its heartbeat is older than
 ``ALIVE_SECONDS`` (no sweep has to notice), and its rows are deleted by the next listing or
 publish after ``FORGET_SECONDS``. After a restart of every process the listing is right at
-once: the old processes' heartbeats are old.
+once: the old processes' heartbeats are old. A process forgotten while alive (the
+database away that long) finds its row gone at its next heartbeat and writes every socket's
+row again.
 
 Draining reaches the socket's process by news (``DRAIN`` names the socket; the bus carries
 it to every process) and, should that news be lost, by the ``draining`` column, which each
