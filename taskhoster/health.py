@@ -38,7 +38,7 @@ from django.db import connection
 from . import bus as news_bus
 from . import engine, metrics
 from .conf import get_conf
-from .store import free_space
+from .store import free_space, remove_left_behind
 
 
 def _redacted(url: str) -> str:
@@ -139,31 +139,8 @@ def remove_left_probes(root: Path) -> int:
     ``PROBE_LEFT_AFTER`` old or more), and say how many. A probe's file lives for a write and
     an unlink, so only a kill between the two leaves one; without this, each such kill would
     leave a file in the root for good. One pass over the root's own entries (its queues'
-    directories, not their items), once the monitor's first report is made. What cannot be
-    listed or removed is logged and left (the state root's own check reports the root)."""
-    try:
-        with os.scandir(root) as entries:
-            left = [
-                entry
-                for entry in entries
-                if PROBE_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False)
-            ]
-    except FileNotFoundError:
-        return 0
-    except OSError as exc:
-        log.warning("health: could not look for write probes left in %s: %s", root, exc)
-        return 0
-    removed = 0
-    for entry in left:
-        try:
-            if entry.stat(follow_symlinks=False).st_mtime <= time.time() - PROBE_LEFT_AFTER:
-                os.unlink(entry.path)
-                removed += 1
-        except FileNotFoundError:
-            continue  # another process removed it first
-        except OSError as exc:
-            log.warning("health: could not remove the write probe left at %s: %s", entry.path, exc)
-    return removed
+    directories, not their items), once the monitor's first report is made."""
+    return remove_left_behind(root, PROBE_NAME, older_than=PROBE_LEFT_AFTER)
 
 
 def state_root() -> dict[str, Any]:

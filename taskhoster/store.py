@@ -63,6 +63,7 @@ FLUSH_WAYS = ("auto", "syncfs", "fsync")
 # Where ``StateStore.one_file_flush`` measures, under the root (so on its filesystem).
 FLUSH_PROBE = ".flush-probe-"
 FLUSH_PROBE_ROUNDS = 9
+FLUSH_PROBE_NAME = re.compile(rf"{re.escape(FLUSH_PROBE)}.*")
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,38 @@ def _load_syncfs() -> Any:
 
 
 _syncfs = _load_syncfs()
+
+
+def remove_left_behind(root: Path, name: re.Pattern[str], *, older_than: float) -> int:
+    """Remove the root's own entries whose whole name matches ``name`` and that are
+    ``older_than`` seconds old or more (a directory with what it holds), and say how many:
+    what a process killed while probing left (the flush's measurement here, the health
+    monitor's write probe). A younger one may be another process's, probing now (of another
+    host too, whose clock, or a network filesystem server's, differs). Symlinks are left,
+    as is what cannot be listed or removed (logged)."""
+    try:
+        with os.scandir(root) as entries:
+            left = [e for e in entries if name.fullmatch(e.name) and not e.is_symlink()]
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        log.warning("could not look for what probes left in %s: %s", root, exc)
+        return 0
+    removed = 0
+    for entry in left:
+        try:
+            if entry.stat(follow_symlinks=False).st_mtime > time.time() - older_than:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+            removed += 1
+        except FileNotFoundError:
+            continue  # another process removed it first
+        except OSError as exc:
+            log.warning("could not remove %s, which a probe left: %s", entry.path, exc)
+    return removed
 
 
 def free_space(root: Path) -> tuple[int, int] | None:
@@ -820,12 +853,7 @@ class StateStore:
         a later measurement once it is an hour old (a younger one may be another process's,
         measuring now)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        with os.scandir(self.root) as entries:
-            stale = [e.path for e in entries if e.name.startswith(FLUSH_PROBE)]
-        for path in stale:
-            with contextlib.suppress(OSError):
-                if os.stat(path).st_mtime < time.time() - 3600:
-                    shutil.rmtree(path, ignore_errors=True)
+        remove_left_behind(self.root, FLUSH_PROBE_NAME, older_than=3600)
         probe = f"{self.root}/{FLUSH_PROBE}{os.getpid()}-{secrets.token_hex(4)}"
         os.mkdir(probe, 0o750)
         line = b'{"probe":"' + b"x" * 180 + b'"}\n'  # an item's first line, roughly
