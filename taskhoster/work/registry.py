@@ -10,11 +10,11 @@ of sockets: that is what says its rows are current.
 
 A process that stops cleanly deletes its rows (``forget``). One that dies leaves them, and its
 heartbeat stops: its sockets are left out of every listing once its heartbeat is older than
-``ALIVE_SECONDS`` (no sweep has to notice), and its rows are deleted by the next listing or
-publish after ``FORGET_SECONDS``. After a restart of every process the listing is right at
-once: the old processes' heartbeats are old. A process forgotten while alive (the
-database away that long) finds its row gone at its next heartbeat and writes every socket's
-row again.
+``ALIVE_SECONDS`` (no sweep has to notice), and its rows are deleted at the next heartbeat
+of any process once it is ``FORGET_SECONDS`` old. After a restart of every process the
+listing is right at once: the old processes' heartbeats are old. A process forgotten while
+alive (the database away that long) finds its row gone at its next heartbeat and writes
+every socket's row again.
 
 Draining reaches the socket's process by news (``DRAIN`` names the socket; the bus carries
 it to every process) and, should that news be lost, by the ``draining`` column, which each
@@ -158,21 +158,30 @@ def _touch() -> bool:
 
 
 def _forget_gone() -> None:
-    """Delete the rows of processes whose heartbeat stopped ``FORGET_SECONDS`` ago."""
+    """Delete the rows of processes whose heartbeat stopped ``FORGET_SECONDS`` ago.
+
+    Only rows still stale when deleted go: the stale processes are read in the deleting
+    transaction, their rows locked (PostgreSQL; SQLite's IMMEDIATE transaction holds every
+    writer off), so a heartbeat that commits meanwhile either comes first (the row is fresh
+    when read and kept) or waits for the delete (its ``_touch`` then makes the row again and
+    its process writes every socket's row again)."""
     cutoff = utcnow() - timedelta(seconds=FORGET_SECONDS)
-    gone = list(ServerProcess.objects.filter(seen_at__lt=cutoff).values_list("process", flat=True))
-    if gone:
-        with transaction.atomic():
-            WorkerSocket.objects.filter(process__in=gone).delete()
+    stale = ServerProcess.objects.filter(seen_at__lt=cutoff)
+    if not stale.exists():
+        return  # the usual case: no write transaction
+    with transaction.atomic():
+        gone = list(stale.select_for_update().values_list("process", flat=True))
+        if gone:
             ServerProcess.objects.filter(process__in=gone).delete()
+            WorkerSocket.objects.filter(process__in=gone).delete()
 
 
 def forget() -> None:
     """This process stops: its sockets leave the listing now."""
     try:
-        with transaction.atomic():
-            WorkerSocket.objects.filter(process=PROCESS).delete()
+        with transaction.atomic():  # in ``_forget_gone``'s order: the process row first
             ServerProcess.objects.filter(process=PROCESS).delete()
+            WorkerSocket.objects.filter(process=PROCESS).delete()
     except Exception as exc:  # the database is away: the heartbeat's age tells instead
         log.info("could not remove this process's workers from the registry: %s", exc)
 

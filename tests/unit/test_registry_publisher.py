@@ -3,9 +3,12 @@ comes back whole after another process forgot it."""
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
+from django.db import connections
 
 from taskhoster.metrics import PROCESS
 from taskhoster.models import ServerProcess, WorkerSocket
@@ -40,3 +43,52 @@ def test_a_process_forgotten_while_its_heartbeat_stopped_lists_its_idle_sockets_
     publisher.publish([idle], 100.0 + registry.HEARTBEAT_SECONDS)
     assert ServerProcess.objects.filter(process=PROCESS).exists()
     assert WorkerSocket.objects.filter(id=idle.id).exists(), "the idle socket is listed again"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_heartbeat_that_commits_while_gone_processes_are_forgotten_keeps_its_rows() -> None:
+    """Another process reads a process as stale while that process's heartbeat is in flight
+    (its row updated, not yet committed). The rows deleted are those still stale when the
+    delete runs: the process whose heartbeat committed meanwhile keeps its row and its
+    sockets' rows, which its publisher believes written."""
+    at = utcnow()
+    stale = at - timedelta(seconds=registry.FORGET_SECONDS + 5)
+    ServerProcess.objects.create(process="other", host="h", pid=1, started_at=stale, seen_at=stale)
+    WorkerSocket.objects.create(
+        id="fedcba9876543210",
+        process="other",
+        name="w",
+        queues=["q"],
+        capacity=1,
+        connected_at=stale,
+        last_seen_at=stale,
+    )
+    table = ServerProcess._meta.db_table
+    holding = threading.Event()
+
+    def heartbeat_in_flight() -> None:
+        """The other process's ``_touch``, committed half a second after it was made."""
+        other = connections.create_connection("default")
+        try:
+            with other.cursor() as cursor:
+                begin = "BEGIN IMMEDIATE" if other.vendor == "sqlite" else "BEGIN"
+                cursor.execute(begin)
+                cursor.execute(
+                    f"UPDATE {table} SET seen_at = %s WHERE process = %s", [utcnow(), "other"]
+                )
+                holding.set()
+                time.sleep(0.5)
+                cursor.execute("COMMIT")
+        finally:
+            other.close()
+
+    beating = threading.Thread(target=heartbeat_in_flight)
+    beating.start()
+    try:
+        assert holding.wait(10)
+        registry._forget_gone()  # waits for the heartbeat's transaction
+    finally:
+        beating.join(30)
+
+    assert ServerProcess.objects.filter(process="other").exists(), "a live process was forgotten"
+    assert WorkerSocket.objects.filter(process="other").exists(), "its sockets were deleted"
