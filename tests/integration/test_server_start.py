@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 
 import pytest
 
@@ -75,3 +76,19 @@ def test_a_server_started_removes_the_old_write_probes_a_kill_left_in_its_state_
     while left.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left.exists(), "the old probe's file is still in the state root"
+
+
+def test_a_test_server_started_again_while_its_daphne_runs_is_refused_and_keeps_serving(
+    server_factory,
+):
+    """The tests' ``Server.start`` on a server whose daphne runs is refused: starting another
+    would lose the running one to ``stop``, and it would outlive the test."""
+    server = server_factory()
+    running = server.proc
+    assert running is not None
+    with pytest.raises(RuntimeError, match="is running"):
+        server.start()
+    assert server.proc is running, "the running daphne is still the one the server stops"
+    assert running.poll() is None
+    with urllib.request.urlopen(f"{server.url}/healthz", timeout=10) as answer:
+        assert answer.status == 200
