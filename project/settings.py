@@ -202,7 +202,8 @@ def _database() -> dict[str, object]:
         # kept prepared on their connection once run a few times: parsed once, not once a
         # group. Django's own queries are never prepared. Behind a connection pooler in
         # transaction mode that does not carry prepared statements from one client to the
-        # next: TASKHOSTER_DB_PREPARE=0.
+        # next: TASKHOSTER_DB_PREPARE=0 (a connection that finds itself behind a pooler keeps
+        # nothing prepared anyway: ``taskhoster.db.postgresql``).
         if _env_flag("TASKHOSTER_DB_PREPARE", True):
             options.setdefault("prepare_threshold", 5)
         if os.environ.get("TASKHOSTER_TEST_DB"):

@@ -32,10 +32,17 @@ The pool gives up a series of attempts after ``RECONNECT_SECONDS`` (its
 ``reconnect_timeout``, 5 minutes by default), so the next request's wait starts a new attempt
 at once instead of a far-off one. Each process judges from its own attempts: nothing is
 shared that another process could not find out the same way.
+
+A new connection where statements are to be kept prepared (``prepare_threshold``) asks which
+server process answers it: behind a connection pooler or a proxy that is not the one it was
+told of when it connected, and then nothing is kept prepared on it (``direct``). A pooler in
+transaction mode would otherwise run a statement prepared on one server process by its
+number on another, where that number may name another connection's statement.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -45,6 +52,8 @@ import psycopg
 from django.db import DEFAULT_DB_ALIAS
 from django.db.backends.postgresql import base
 from psycopg_pool import ConnectionPool, PoolTimeout
+
+log = logging.getLogger(__name__)
 
 SLICE_SECONDS = 0.25  # a request waiting for a connection looks at the database this often
 RETRY_SECONDS = 0.5  # while the database is away, one request in this long tries it
@@ -177,6 +186,42 @@ def _away_error(away: str) -> psycopg.OperationalError:
     return psycopg.OperationalError(f"the database does not answer: {away}")
 
 
+def direct(connection: psycopg.Connection[Any]) -> bool:
+    """Whether ``connection`` reaches PostgreSQL directly: the server process it talks to is
+    the one it was told of when it connected (a pooler or a proxy answers the connection
+    itself, with a process id of its own, and may run each transaction in another server
+    process)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        found = cursor.fetchone()
+    return found is not None and found[0] == connection.info.backend_pid
+
+
+_told_pooler = False
+
+
+def _prepare_only_when_direct(connection: psycopg.Connection[Any], alias: str) -> None:
+    """Behind a pooler or a proxy nothing is kept prepared on ``connection``. A pooler in
+    transaction mode runs each transaction in any of its server processes, where a prepared
+    statement's name (``_pg3_0``, numbered per connection) is missing, or names another
+    connection's statement, which is refused (``bind message supplies 1 parameters, but
+    prepared statement "_pg3_0" requires 4``) or, with as many parameters, could run with
+    this one's values. Whether a pooler carries prepared statements (PgBouncer 1.21 and
+    later, with ``max_prepared_statements``) cannot be asked, so none is trusted to."""
+    global _told_pooler
+    if direct(connection):
+        return
+    connection.prepare_threshold = None
+    if not _told_pooler:
+        _told_pooler = True
+        log.warning(
+            "database %r is reached through a connection pooler or a proxy (the server "
+            "process answering is not the one the connection was told of): statements are "
+            "not kept prepared on its connections (set TASKHOSTER_DB_PREPARE=0 to say so)",
+            alias,
+        )
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
     def __init__(self, settings_dict: dict[str, Any], alias: str = DEFAULT_DB_ALIAS) -> None:
         super().__init__(settings_dict, alias)
@@ -193,3 +238,13 @@ class DatabaseWrapper(base.DatabaseWrapper):
     def pool(self) -> Checkout | None:
         found = super().pool
         return None if found is None else Checkout(found)
+
+    def _configure_connection(self, connection: Any) -> bool:
+        """Django's set-up of a new connection (its time zone, its role; from the pool, or
+        for a connection made without one), and, where statements are to be kept prepared,
+        whether they may be (``_prepare_only_when_direct``)."""
+        commit = bool(super()._configure_connection(connection))  # type: ignore[misc]
+        if getattr(connection, "prepare_threshold", None) is not None:
+            _prepare_only_when_direct(connection, self.alias)
+            commit = True  # (a connection not in autocommit: the look's transaction ended)
+        return commit
