@@ -11,10 +11,10 @@ of sockets: that is what says its rows are current.
 A process that stops cleanly deletes its rows (``forget``). One that dies leaves them, and its
 heartbeat stops: its sockets are left out of every listing once its heartbeat is older than
 ``ALIVE_SECONDS`` (no sweep has to notice), and its rows are deleted at the next heartbeat
-of any process once it is ``FORGET_SECONDS`` old. After a restart of every process the
-listing is right at once: the old processes' heartbeats are old. A process forgotten while
-alive (the database away that long) finds its row gone at its next heartbeat and writes
-every socket's row again.
+of any process serving a socket once it is ``FORGET_SECONDS`` old. After a restart of every
+process the listing is right at once: the old processes' heartbeats are old. A process
+forgotten while alive (the database away that long) finds its row gone at its next
+heartbeat and writes every socket's row again.
 
 Draining reaches the socket's process by news (``DRAIN`` names the socket; the bus carries
 it to every process) and, should that news be lost, by the ``draining`` column, which each
@@ -170,7 +170,8 @@ def _forget_gone() -> None:
     if not stale.exists():
         return  # the usual case: no write transaction
     with transaction.atomic():
-        gone = list(stale.select_for_update().values_list("process", flat=True))
+        # (In one order: two processes forgetting at once lock the same rows alike.)
+        gone = list(stale.select_for_update().order_by("process").values_list("process", flat=True))
         if gone:
             ServerProcess.objects.filter(process__in=gone).delete()
             WorkerSocket.objects.filter(process__in=gone).delete()

@@ -67,10 +67,14 @@ def pooled_url() -> Iterator[str]:
     # Not under pytest's directory (private to its user): PgBouncer may run as another.
     where = Path(tempfile.mkdtemp(prefix="taskhoster-pgbouncer-"))
     where.chmod(0o755)
-    (where / "users.txt").write_text(f'"{url.username or "postgres"}" ""\n')
+    user, password = url.username or "postgres", url.password or ""
+    (where / "users.txt").write_text(f'"{user}" "{password}"\n')
+    (where / "users.txt").chmod(0o600)
+    # (PgBouncer logs in to PostgreSQL with the password the test database's URL has.)
+    login = f" password={password}" if password else ""
     (where / "pgbouncer.ini").write_text(
         "[databases]\n"
-        f"* = host={url.hostname or '127.0.0.1'} port={url.port or 5432}\n"
+        f"* = host={url.hostname or '127.0.0.1'} port={url.port or 5432}{login}\n"
         "[pgbouncer]\n"
         "listen_addr = 127.0.0.1\n"
         f"listen_port = {port}\n"
@@ -79,6 +83,7 @@ def pooled_url() -> Iterator[str]:
         f"auth_file = {where / 'users.txt'}\n"
         "pool_mode = transaction\n"
         "default_pool_size = 3\n"
+        "min_pool_size = 3\n"  # three server connections from the first client on
         "server_round_robin = 1\n"
         "max_client_conn = 200\n"
         # The server's own settings come as the startup option ``options``, which PgBouncer
@@ -88,11 +93,11 @@ def pooled_url() -> Iterator[str]:
     )
     command = [PGBOUNCER, str(where / "pgbouncer.ini")]
     if os.geteuid() == 0:
-        user = _unprivileged_user()
-        shutil.chown(where, user)
+        runs_as = _unprivileged_user()
+        shutil.chown(where, runs_as)
         for name in ("users.txt", "pgbouncer.ini"):
-            shutil.chown(where / name, user)
-        command[1:1] = ["-u", user]
+            shutil.chown(where / name, runs_as)
+        command[1:1] = ["-u", runs_as]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 20
@@ -106,7 +111,16 @@ def pooled_url() -> Iterator[str]:
                 said += log.read_text(errors="replace") if log.exists() else ""
                 raise RuntimeError(f"PgBouncer did not start: {said[-2000:]}")
             time.sleep(0.05)
-        yield urlunsplit(url._replace(netloc=f"{url.username or 'postgres'}@127.0.0.1:{port}"))
+        secret = f":{password}" if password else ""
+        pooled = urlunsplit(url._replace(netloc=f"{user}{secret}@127.0.0.1:{port}"))
+        # Three transactions at once: the pooler's three server connections are made now,
+        # and transactions go round them from the first.
+        at_once = [psycopg.connect(pooled) for _ in range(3)]
+        for client in at_once:
+            client.execute("SELECT 1")  # (its transaction holds a server connection)
+        for client in at_once:
+            client.close()
+        yield pooled
     finally:
         proc.terminate()
         try:
@@ -128,14 +142,19 @@ def test_a_connection_is_direct_to_postgresql_and_not_through_a_pooler(pooled_ur
         assert not direct(pooled)
 
 
+@pytest.mark.parametrize("pool", ["1", "0"], ids=["pooled", "a-connection-a-request"])
 def test_a_server_behind_a_transaction_pooler_keeps_nothing_prepared_and_does_its_work(
-    pooled_url, server_factory, make_key
+    pooled_url, server_factory, make_key, pool
 ) -> None:
     """A server whose DATABASE_URL is a pooler in transaction mode, left to prepare its
     statements (``TASKHOSTER_DB_PREPARE=1``): every item is posted, pushed to the worker
-    and finished, and the server says in its log why it keeps nothing prepared."""
+    and finished, and the server says in its log why it keeps nothing prepared. With its
+    own pool of connections (each looked at as the pool makes it) and without
+    (``TASKHOSTER_DB_POOL=0``: each looked at as Django makes it)."""
     key = make_key()
-    server = server_factory(DATABASE_URL=pooled_url, TASKHOSTER_DB_PREPARE="1")
+    server = server_factory(
+        DATABASE_URL=pooled_url, TASKHOSTER_DB_PREPARE="1", TASKHOSTER_DB_POOL=pool
+    )
     finish_rounds(server, key, ROUNDS)
     said = server.log.read_text(errors="replace")
     assert WARNING in said

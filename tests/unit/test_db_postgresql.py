@@ -11,7 +11,9 @@ import pytest
 from django.conf import settings
 from psycopg_pool import ConnectionPool
 
-from taskhoster.db.postgresql.base import Checkout, Reachability, WatchedConnection
+from taskhoster.db.postgresql.base import Checkout, Reachability, WatchedConnection, direct
+
+from ..conftest import database_url
 
 reachability = WatchedConnection.reachability
 
@@ -142,3 +144,19 @@ def test_an_item_id_has_no_pattern_index_and_migrating_back_makes_it_again() -> 
     finally:
         MigrationExecutor(connection).migrate(latest)
     assert _pattern_indexes() == []
+
+
+def test_the_look_for_a_pooler_is_never_kept_prepared() -> None:
+    """A connection that prepares every statement at its first run (``prepare_threshold``
+    0, as a project embedding the app may set) does not prepare the look: through a pooler
+    in transaction mode a prepared statement's Parse and its runs may reach different
+    server processes."""
+    with psycopg.connect(database_url(), autocommit=True, prepare_threshold=0) as conn:
+        assert direct(conn)
+        assert direct(conn)
+        kept = conn.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%pg_backend_pid%"],
+            prepare=False,
+        ).fetchone()
+    assert kept == (0,)

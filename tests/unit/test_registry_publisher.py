@@ -4,11 +4,11 @@ comes back whole after another process forgot it."""
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
-from django.db import connections
+from django.db import connection, connections
 
 from taskhoster.metrics import PROCESS
 from taskhoster.models import ServerProcess, WorkerSocket
@@ -64,10 +64,11 @@ def test_a_heartbeat_that_commits_while_gone_processes_are_forgotten_keeps_its_r
         last_seen_at=stale,
     )
     table = ServerProcess._meta.db_table
-    holding = threading.Event()
+    holding, read = threading.Event(), threading.Event()
 
     def heartbeat_in_flight() -> None:
-        """The other process's ``_touch``, committed half a second after it was made."""
+        """The other process's ``_touch``, committed once ``_forget_gone`` has read the
+        process table (and found it stale)."""
         other = connections.create_connection("default")
         try:
             with other.cursor() as cursor:
@@ -77,17 +78,26 @@ def test_a_heartbeat_that_commits_while_gone_processes_are_forgotten_keeps_its_r
                     f"UPDATE {table} SET seen_at = %s WHERE process = %s", [utcnow(), "other"]
                 )
                 holding.set()
-                time.sleep(0.5)
+                read.wait(10)
                 cursor.execute("COMMIT")
         finally:
             other.close()
+
+    def reads_the_process_table(execute: Any, sql: str, *args: Any) -> Any:
+        try:
+            return execute(sql, *args)
+        finally:
+            if table in sql:
+                read.set()
 
     beating = threading.Thread(target=heartbeat_in_flight)
     beating.start()
     try:
         assert holding.wait(10)
-        registry._forget_gone()  # waits for the heartbeat's transaction
+        with connection.execute_wrapper(reads_the_process_table):
+            registry._forget_gone()  # waits for the heartbeat's transaction to write
     finally:
+        read.set()
         beating.join(30)
 
     assert ServerProcess.objects.filter(process="other").exists(), "a live process was forgotten"

@@ -188,11 +188,15 @@ def _away_error(away: str) -> psycopg.OperationalError:
 
 def direct(connection: psycopg.Connection[Any]) -> bool:
     """Whether ``connection`` reaches PostgreSQL directly: the server process it talks to is
-    the one it was told of when it connected (a pooler or a proxy answers the connection
-    itself, with a process id of its own, and may run each transaction in another server
-    process)."""
+    the one it was told of when it connected. A pooler, or a proxy that answers the
+    connection itself, tells a process id of its own, and may run each transaction in
+    another server process; a proxy that only forwards the bytes passes the server's on,
+    and counts as direct (it is: one client, one server process). A pooler in session mode
+    counts as a pooler too, which costs it speed only."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
+        # Never prepared (``prepare_threshold`` 0 would prepare it at once: its Parse and
+        # its run could then reach two server processes of a pooler).
+        cursor.execute("SELECT pg_backend_pid()", prepare=False)
         found = cursor.fetchone()
     return found is not None and found[0] == connection.info.backend_pid
 
