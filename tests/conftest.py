@@ -317,6 +317,19 @@ def python_in_project(
     )
 
 
+def stop_process(proc: subprocess.Popen[Any], within: float = 10.0) -> None:
+    """Stop a process a test started: SIGTERM, then SIGKILL if it has not exited ``within``
+    seconds, and reap it."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(within)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 def server_env(root: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(

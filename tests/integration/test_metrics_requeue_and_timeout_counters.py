@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ..conftest import REPO, server_env
+from ..conftest import REPO, server_env, stop_process
 from .wsclient import (
     connect,
     make_queue,
@@ -158,12 +158,7 @@ def running_sweep(state_root: Path) -> Iterator[subprocess.Popen[bytes]]:
     try:
         yield sweep
     finally:
-        sweep.terminate()
-        try:
-            sweep.wait(30)
-        except subprocess.TimeoutExpired:
-            sweep.kill()
-            sweep.wait(10)
+        stop_process(sweep, within=30)
         log.close()
 
 

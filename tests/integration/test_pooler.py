@@ -32,7 +32,7 @@ import pytest
 
 from taskhoster.db.postgresql.base import direct
 
-from ..conftest import Server, database_url, free_port, needs_postgresql
+from ..conftest import Server, database_url, free_port, needs_postgresql, stop_process
 from .wsclient import connect, recv, send, subscribe
 
 pytestmark = [pytest.mark.slow, needs_postgresql("a PostgreSQL connection pooler")]
@@ -122,12 +122,7 @@ def pooled_url() -> Iterator[str]:
             client.close()
         yield pooled
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc)
         if proc.stderr:
             proc.stderr.close()
         shutil.rmtree(where, ignore_errors=True)

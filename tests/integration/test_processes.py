@@ -40,7 +40,7 @@ from django.db import connection
 from taskhoster.models import Item
 from taskhoster.status import Status
 
-from ..conftest import REPO, Server, database_url, free_port, server_env
+from ..conftest import REPO, Server, database_url, free_port, server_env, stop_process
 from . import wsclient
 from .consistency import assert_index_matches_directories, assert_threads_consistent
 
@@ -137,12 +137,7 @@ def serve_many(transactional_db: None, state_root: Path, tmp_path: Path) -> Iter
 
     yield start
     for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_process(proc, within=30)
 
 
 def supervised_pids(var: Path) -> dict[str, int]:
