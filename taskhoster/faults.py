@@ -118,7 +118,8 @@ GATHER = int(os.environ.get("TASKHOSTER_FAULT_GATHER") or 0)
 def slow_seconds() -> float:
     """How long a fault that stalls (``committer.slow_group``, ``committer.slow_start``,
     ``post.slow_flush``: a group that posted, between its commit and its flush;
-    ``rewrite.slow_flush``: a group that wrote files again, likewise;
+    ``rewrite.slow_flush``: a group that wrote files again, likewise; ``flush.slow``: a
+    group's barrier, on whichever thread runs it;
     ``group.slow_put_back``: a group whose commit failed, before it puts its files back) stalls:
     ``TASKHOSTER_FAULT_SLOW_SECONDS``, 2 by default."""
     return float(os.environ.get("TASKHOSTER_FAULT_SLOW_SECONDS") or 2)

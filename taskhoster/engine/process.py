@@ -480,12 +480,21 @@ class PipeCommitter(runner.Committer):
     def _ended(self) -> bool:
         return self.closed and not self.queue
 
+    def _more_waiting(self) -> bool:
+        self._pull(0.0)
+        return bool(self.queue)
+
+    def _flush_ended(self, _future: Future[TaskhosterError | None]) -> None:
+        """Ring: the committer waits on the pipe, not on ``cond``."""
+        with contextlib.suppress(BlockingIOError):
+            os.write(self.ring_w, b"\0")
+
     def _wait(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         had = len(self.queue)
         self.cond.release()
         try:
-            while len(self.queue) == had and not self.closed:
+            while len(self.queue) == had and not self.closed and not self._flush_done():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break

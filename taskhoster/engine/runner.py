@@ -7,7 +7,11 @@ queued, runs it as one group (``group.Group``: one transaction), makes the group
 durable with one barrier after the commit (so the database's write lock is not held across
 it), and answers each caller. Whatever arrives while a group runs joins the next one.
 Nothing waits on a timer: a lone operation is committed at once (latency); under load, a
-crowd shares one transaction and one flush (throughput).
+crowd shares one transaction and one flush (throughput), and the flush overlaps the next
+group: with operations already waiting, a group's barrier runs on the flusher's thread,
+which answers the group once it is done, while the next group commits; the next barrier
+waits for it (``Committer._run``; a failed barrier fails the group that committed meanwhile
+too).
 
 Nothing is acknowledged before its files are durable (with fsync on): a claim or an extend
 (which need nothing durable) is answered at the commit, everything else after the barrier.
@@ -28,11 +32,14 @@ import asyncio
 import contextlib
 import logging
 import os
+import queue
 import random
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,21 +114,46 @@ def _refused_root() -> TaskhosterError | None:
 
 
 def run_group(ops: list[Op[Any]], shard: int) -> None:
-    """Run ``ops`` as one group and answer them; never raises."""
+    """Run ``ops`` as one group, flush its files and answer them; never raises."""
+    committed = commit_group(ops, shard)
+    if committed is not None:
+        flushed(committed, flush(committed))
+
+
+@dataclass
+class Committed:
+    """A group that committed and whose files are still to be made durable: the answers
+    that wait for that (``after_flush``)."""
+
+    group: Group
+    after_flush: list[tuple[Op[Any], bool, Any]]
+
+    def may_overlap(self) -> bool:
+        """Whether the next group may commit while this one's files are flushed: not a
+        rewrite of files a failed flush left (its marks and its bookkeeping wait for its
+        own flush, in order)."""
+        g = self.group
+        return not (g.rewritten or g.set_aside or g.let_go)
+
+
+def commit_group(ops: list[Op[Any]], shard: int) -> Committed | None:
+    """Run ``ops`` as one group, answer those answered at the commit, and return what waits
+    for the group's flush; None when the group is over (answered: it failed, or it wrote
+    nothing to flush, or it was run member by member). Never raises."""
     if not all(op.background for op in ops):
         pacing.mark_foreground()
     taken = _refused_root()
     if taken is not None:
         log.error("%s", taken.message)
         _fail_all(ops, taken)
-        return
+        return None
     if (
         store().unflushed  # (nearly always empty: one look)
         and not all(isinstance(op, PASS_THE_GATE) for op in ops)
         and not _unflushed_written_again(shard)
     ):
         _fail_all(ops, NotYetDurable())
-        return
+        return None
     for attempt in range(3):
         group = Group(ops, store(), shard)
         try:
@@ -132,10 +164,10 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
             # about (another queue's, a verdict with no file to write) are not refused too.
             if len(ops) > 1:
                 _one_by_one(ops, shard)
-                return
+                return None
             refused = group.refused_keys()
             answer([(op, False, refused.get(id(op), exc)) for op in ops])
-            return
+            return None
         except TaskhosterError as exc:
             if isinstance(exc, OutcomeUnknown):
                 # Settled once the database answers: its files put back if it rolled back,
@@ -145,16 +177,16 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
             # have heard first), the rest hear why the group failed.
             refused = group.refused_keys()
             answer([(op, False, refused.get(id(op), exc)) for op in ops])
-            return
+            return None
         except IntegrityError as exc:
             # A concurrent post (another process) took one of our keys: run it again, and
             # it finds that item; a second failure is not a lost race, so isolate it.
             if len(ops) > 1:
                 _one_by_one(ops, shard)
-                return
+                return None
             if attempt == 2:
                 _fail_all(ops, exc)
-                return
+                return None
             continue
         except OperationalError as exc:
             # A dropped connection or a lock that timed out: a fresh connection, once more.
@@ -163,21 +195,21 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
                 connection.close()
             if attempt == 2:
                 _fail_all(ops, exc)
-                return
+                return None
             continue
         except Exception as exc:
             if len(ops) > 1:
                 log.exception("group of %d failed; running its members one by one", len(ops))
                 _one_by_one(ops, shard)
-                return
+                return None
             log.exception("operation %r failed", ops[0])
             _fail_all(ops, exc)
-            return
+            return None
         outcomes = group.outcomes()
         if not group.needs_flush:
             _forget_unflushed(group, flushed=True)  # (a rewrite that wrote nothing)
             answer(outcomes)
-            return
+            return None
         now = [isinstance(op, ANSWERED_AT_COMMIT) or not ok for op, ok, _value in outcomes]
         answer([o for o, at_commit in zip(outcomes, now, strict=True) if at_commit])
         after_flush = [o for o, at_commit in zip(outcomes, now, strict=True) if not at_commit]
@@ -185,28 +217,57 @@ def run_group(ops: list[Op[Any]], shard: int) -> None:
             time.sleep(slow_seconds())  # tests: another process's claim comes in between
         if group.rewritten and fault("rewrite.slow_flush"):
             time.sleep(slow_seconds())  # tests: the marks stand until the flush
-        try:
-            group.files.flush()
-        except TaskhosterError as exc:
-            after_flush = _flush_failed(after_flush, exc, quiet=isinstance(ops[0], Rewrite))
-            group.files.remember_unflushed()
-            _forget_unflushed(group, flushed=False)
-            if group.rewritten:
-                # Still marked: this process's own now (it holds back until they are
-                # written again), taken up or not.
-                group.store.add_unflushed(group.rewritten)
-                log.error(
-                    "%d items' files written again could not be flushed: nothing else is "
-                    "changed until they are",
-                    len(group.rewritten),
-                )
-            _mark_unflushed()  # before the answers: another process refuses them too
-        else:
-            _forget_unflushed(group, flushed=_clear_marks(group.rewritten))
-            if group.files.deferred:
-                reclaim.later(group.files.deferred)
-        answer(after_flush)
-        return
+        return Committed(group, after_flush)
+    return None  # (not reached: each attempt returns or goes on)
+
+
+def flush(committed: Committed) -> TaskhosterError | None:
+    """Make a committed group's files durable: None, or why they could not be. Any thread
+    (the flusher's, while the committer's next group runs): the store's calls alone."""
+    if fault("flush.slow"):
+        time.sleep(slow_seconds())  # tests: the next group commits meanwhile
+    try:
+        committed.group.files.flush()
+    except TaskhosterError as exc:
+        return exc
+    return None
+
+
+def _flush_overlapped(committed: Committed) -> TaskhosterError | None:
+    """The flusher's thread: flush a group that may overlap the next one, and answer it at
+    once if that succeeded (for such a group ``flushed`` touches nothing the committer's
+    thread does: no marks, no rewrite's bookkeeping; ``answer`` takes any thread); a
+    failure is left to the committer's thread (``Committer._settle``)."""
+    error = flush(committed)
+    if error is None:
+        flushed(committed, None)
+    return error
+
+
+def flushed(committed: Committed, error: TaskhosterError | None) -> None:
+    """After a committed group's flush (``error``: why it failed), in the committer's thread:
+    the bookkeeping of files written again or left unflushed, then the answers that waited."""
+    group, after_flush = committed.group, committed.after_flush
+    if error is not None:
+        quiet = bool(group.ops) and isinstance(group.ops[0], Rewrite)
+        after_flush = _flush_failed(after_flush, error, quiet=quiet)
+        group.files.remember_unflushed()
+        _forget_unflushed(group, flushed=False)
+        if group.rewritten:
+            # Still marked: this process's own now (it holds back until they are
+            # written again), taken up or not.
+            group.store.add_unflushed(group.rewritten)
+            log.error(
+                "%d items' files written again could not be flushed: nothing else is "
+                "changed until they are",
+                len(group.rewritten),
+            )
+        _mark_unflushed()  # before the answers: another process refuses them too
+    else:
+        _forget_unflushed(group, flushed=_clear_marks(group.rewritten))
+        if group.files.deferred:
+            reclaim.later(group.files.deferred)
+    answer(after_flush)
 
 
 def _flush_failed(
@@ -426,6 +487,9 @@ class Committer:
         self.pid = os.getpid()
         self.shard = random.randrange(COUNT_SHARDS)
         self.busy = False  # a group taken from the queue and not yet answered
+        # The group before, committed, its files flushed on the flusher's thread meanwhile.
+        self.flushing: tuple[Committed, Future[TaskhosterError | None]] | None = None
+        self.flusher: Flusher | None = None
 
     def submit(self, op: Op[Any]) -> None:
         self.submit_many([op])
@@ -478,9 +542,15 @@ class Committer:
         """Whether nothing more can be handed in and the loop may end (a thread: never)."""
         return False
 
+    def _more_waiting(self) -> bool:
+        """Whether an operation waits for the next group already."""
+        return bool(self.queue)
+
     def _take(self) -> list[Op[Any]] | None:
+        """The next group; None when nothing came for ``IDLE_SECONDS``, or once the flush on
+        the flusher's thread is done (its group to settle)."""
         with self.cond:
-            if not self.queue:
+            if not self.queue and not self._flush_done():
                 self._wait(IDLE_SECONDS)
             if not self.queue:
                 return None
@@ -505,45 +575,148 @@ class Committer:
         adopt_unflushed()
         adopted = time.monotonic()
         idle = 0
-        while True:
-            if time.monotonic() - adopted >= ADOPT_EVERY_SECONDS:
-                adopt_unflushed()  # (never raises)
-                adopted = time.monotonic()
-            if store().taken_up or store().unflushed:  # (at most once a second)
-                # Its own too, not only at the gate and when idle: groups that pass the gate
-                # (a producer's reads, which leave them to this) could keep it from both.
+        try:
+            while True:
+                if time.monotonic() - adopted >= ADOPT_EVERY_SECONDS:
+                    self._settle()
+                    adopt_unflushed()  # (never raises)
+                    adopted = time.monotonic()
+                if store().taken_up or store().unflushed:  # (at most once a second)
+                    # Its own too, not only at the gate and when idle: groups that pass the
+                    # gate (a producer's reads, which leave them to this) could keep it
+                    # from both.
+                    self._settle()
+                    _unflushed_written_again(self.shard)
+                group = self._take()
+                if group is None:
+                    if self.flushing is not None:
+                        self._settle()  # its flush is done (if it failed: answered here)
+                        continue
+                    if self._ended():
+                        return
+                    idle += 1
+                    self._idle(idle)
+                    continue
+                idle = 0
+                self._run(group)
+        finally:
+            self._settle()
+
+    def _idle(self, rounds: int) -> None:
+        try:
+            if store().unflushed:
                 _unflushed_written_again(self.shard)
-            group = self._take()
-            if group is None:
-                if self._ended():
-                    return
-                idle += 1
-                try:
-                    if store().unflushed:
-                        _unflushed_written_again(self.shard)
-                    metrics.maybe_flush(force=True)
-                    if idle >= IDLE_CLOSE_ROUNDS:
-                        # Give the connection back (a pool, or a test database to drop),
-                        # again after any later flush of metrics counted while idle: a
-                        # closed connection costs nothing to close.
-                        connection.close()
-                except Exception as exc:  # the database is away: nothing to do while idle
-                    log.debug("idle committer: %s", exc)
-                continue
-            idle = 0
-            started = time.perf_counter()
-            if fault("committer.slow_group"):
-                time.sleep(slow_seconds())  # a test's stand-in for a disk that stalls
+            metrics.maybe_flush(force=True)
+            if rounds >= IDLE_CLOSE_ROUNDS:
+                # Give the connection back (a pool, or a test database to drop), again
+                # after any later flush of metrics counted while idle: a closed
+                # connection costs nothing to close.
+                connection.close()
+        except Exception as exc:  # the database is away: nothing to do while idle
+            log.debug("idle committer: %s", exc)
+
+    def _run(self, group: list[Op[Any]]) -> None:
+        """Commit ``group``; then settle the group before it, whose files were flushed
+        meanwhile (``_settle``); then flush this one's: with operations already waiting
+        for the next group (under load), on the flusher's thread, which answers the group as
+        soon as its flush succeeded, while the committer commits that next group; otherwise
+        here, answered without a hop between threads (a lone operation's latency)."""
+        started = time.perf_counter()
+        if fault("committer.slow_group"):
+            time.sleep(slow_seconds())  # a test's stand-in for a disk that stalls
+        committed: Committed | None = None
+        try:
+            committed = commit_group(group, self.shard)
+        except BaseException:  # commit_group never raises; keep the committer alive anyway
+            log.exception("the committer failed on a group")
+            _fail_all(group, RuntimeError("the committer failed"))
+        failed = self._settle()
+        try:
+            if committed is not None and failed is not None:
+                # The group before failed its flush, and this one committed on top of
+                # files that may never reach the disk: its own are not acknowledged either,
+                # and are written again with the rest.
+                flushed(committed, failed)
+            elif committed is not None and committed.may_overlap() and self._more_waiting():
+                future = self._flusher().submit(committed)
+                self.flushing = (committed, future)
+                future.add_done_callback(self._flush_ended)
+            elif committed is not None:
+                flushed(committed, flush(committed))
+        except BaseException:  # (as above)
+            log.exception("the committer failed on a group's flush")
+            _fail_all(group, RuntimeError("the committer failed"))
+        finally:
+            self.busy = self.flushing is not None
+        # After the answers, outside the try: a group is answered once, whatever happens
+        # to its count (which does not raise; should it, the committer goes on).
+        try:
+            metrics.count_group(len(group), time.perf_counter() - started)
+        except Exception:
+            log.exception("could not count a group")
+
+    def _settle(self) -> TaskhosterError | None:
+        """Wait for the flush on the flusher's thread, if one runs (its group answered
+        there if it succeeded); if it failed, answer its group here: None, or why."""
+        if self.flushing is None:
+            return None
+        committed, future = self.flushing
+        self.flushing = None
+        try:
+            error = future.result()  # (answered already if it succeeded)
+            if error is not None:
+                flushed(committed, error)
+        except BaseException:
+            log.exception("the committer failed on a group's flush")
+            _fail_all(
+                [op for op, _ok, _value in committed.after_flush],
+                RuntimeError("the committer failed"),
+            )
+            error = None
+        finally:
+            self.busy = False
+        return error
+
+    def _flush_done(self) -> bool:
+        """Whether a flush runs on the flusher's thread and is done (to settle)."""
+        return self.flushing is not None and self.flushing[1].done()
+
+    def _flush_ended(self, _future: Future[TaskhosterError | None]) -> None:
+        """(The flusher's thread, its flush done.) Wake the committer if it waits for
+        operations: the flush is to be settled now, a failed one's group answered
+        (``_take`` looks, under ``cond``, whether it is done before it waits, so this never
+        comes between)."""
+        with self.cond:
+            self.cond.notify_all()
+
+    def _flusher(self) -> Flusher:
+        if self.flusher is None:
+            self.flusher = Flusher()
+        return self.flusher
+
+
+class Flusher:
+    """The committer's flusher: one thread (a daemon, as the committer's own is: a flush
+    that hangs on a dying disk does not keep the process from exiting) that flushes the
+    groups handed to it in turn, and answers each (``_flush_overlapped``)."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[tuple[Committed, Future[TaskhosterError | None]]]
+        self.jobs = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name="taskhoster-flusher", daemon=True)
+        self.thread.start()
+
+    def submit(self, committed: Committed) -> Future[TaskhosterError | None]:
+        future: Future[TaskhosterError | None] = Future()
+        self.jobs.put((committed, future))
+        return future
+
+    def _loop(self) -> None:
+        name_os_thread()
+        while True:
+            committed, future = self.jobs.get()
+            future.set_running_or_notify_cancel()
             try:
-                run_group(group, self.shard)
-            except BaseException:  # run_group never raises; keep the committer alive anyway
-                log.exception("the committer failed on a group")
-                _fail_all(group, RuntimeError("the committer failed"))
-            finally:
-                self.busy = False
-            # After the answers, outside the try: a group is answered once, whatever happens
-            # to its count (which does not raise; should it, the committer goes on).
-            try:
-                metrics.count_group(len(group), time.perf_counter() - started)
-            except Exception:
-                log.exception("could not count a group")
+                future.set_result(_flush_overlapped(committed))
+            except BaseException as exc:  # (the committer's thread logs it, and answers)
+                future.set_exception(exc)

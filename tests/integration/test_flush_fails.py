@@ -21,9 +21,11 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from taskhoster.store import decode
@@ -317,3 +319,55 @@ def test_a_result_whose_flush_failed_is_on_disk_before_anything_more_is_acknowle
         assert [f.parent.name for f in files] == ["done"], files
         record, _end = decode(files[0].read_bytes(), name=files[0].name)
         assert (record["payload"], record.get("result") == result) == ("to finish", True)
+
+
+def test_a_group_that_committed_while_the_flush_before_it_failed_is_not_acknowledged(
+    tmp_path, transactional_db, make_key
+):
+    # Under load the committer commits the next group while a group's files are flushed
+    # (on a thread of its own). Should that flush fail, the next group committed on top of
+    # files that may never reach the disk: nothing of it is acknowledged either, even where
+    # its own flush would succeed, until the files of both are written again. Here the
+    # first post's group stalls between its commit and its flush (``post.slow_flush``)
+    # while four more posts come, so their group commits beside that flush, which the full
+    # disk refuses; then the disk has room again, before the second flush would start (it
+    # stalls: ``flush.slow``). Before, those four were acknowledged (201).
+    key = make_key()
+    bodies = [{"payload": {"n": n, "big": BIG}, "key": f"o{n}"} for n in range(5)]
+    with disk_that_fails_its_writes(tmp_path) as (root, backing, image):
+        with serving(
+            root,
+            key,
+            TASKHOSTER_FLUSH="fsync",
+            TASKHOSTER_FAULT="post.slow_flush=1,flush.slow@2",
+            TASKHOSTER_FAULT_SLOW_SECONDS="3",
+        ) as (server, http):
+            assert http.put("/api/queues/q", json={}).status_code == 201
+
+            def post(body: dict[str, Any]) -> httpx.Response:
+                with httpx.Client(
+                    base_url=server.url, headers={"Authorization": f"Token {key}"}, timeout=60
+                ) as client:
+                    return client.post("/api/queues/q/items", json=body)
+
+            filler = fill(backing)  # the disk refuses every new block from now on
+            with ThreadPoolExecutor(len(bodies)) as pool:
+                first = pool.submit(post, bodies[0])
+                # Its group has written its file: the others cannot join that group.
+                wait_for(lambda: any(root.glob("q/pending/*.json")), 15, "the first group")
+                rest = [pool.submit(post, body) for body in bodies[1:]]
+                logged(server, "could not flush a group's files", "the first flush to fail")
+                filler.unlink()  # room again
+                answers = [first.result(), *(answer.result() for answer in rest)]
+            assert [a.status_code for a in answers] == [503] * len(bodies), [
+                (a.status_code, a.text[:200]) for a in answers
+            ]
+            logged(server, "written again and durable", "the files to be written again")
+            kept = []
+            for body in bodies:
+                answer = http.post("/api/queues/q/items", json=body)
+                assert answer.status_code == 200, answer.text[:300]  # the item its group left
+                kept.append(answer.json()["id"])
+        for body, item_id in zip(bodies, kept, strict=True):
+            assert payload_on_disk(root, image, item_id) == body["payload"]
+        assert_index_matches_directories(root)

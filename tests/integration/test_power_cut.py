@@ -9,7 +9,9 @@ said: posts (single, batched, threaded, keyed), claims, results, retryable and f
 with a dead-letter copy, extends, a socket's re-queue and release, restarts, lapsed leases, a
 new queue and a settings change, single deletes, a delete by status and retention taking the
 list path (the list's threshold is lowered to 3 here so a small workload takes it; the code
-is the same), the unlinks behind a list, and a queue deleted and reclaimed. A power cut after
+is the same), the unlinks behind a list, a queue deleted and reclaimed, and two groups
+overlapped as the committer overlaps them under load (the second committed before the
+first's flush, or after it and before its answers). A power cut after
 operation k leaves what ``crash_model`` allows: durability per file and per directory (a
 file's ``fsync`` keeps its data, a directory's keeps its entries, directories being inodes
 too, ``syncfs`` keeps everything; of the rest any subset of the entries, and of each file a
@@ -202,6 +204,29 @@ def group(*ops: Any) -> list[Any]:
     return [op.future.result() for op in ops]
 
 
+def overlapped(first: list[Any], second: list[Any], *, flushed_first: bool) -> Any:
+    """Two groups as the committer runs them under load (``runner.Committer._run``): the
+    second commits while the first's files are flushed (on the flusher's thread), the first
+    is answered after that, then the second is flushed and answered. Of the orders the two
+    threads may take, the two ends: the first's flush wholly before the second's file
+    operations (``flushed_first``: it keeps none of them), or wholly after (it meets the
+    files the second moved). Returns each group's answers."""
+    for op in (*first, *second):
+        op.future = Future()
+    one = runner.commit_group(list(first), 0)
+    assert one is not None, "the first group writes files"
+    if flushed_first:
+        error = runner.flush(one)
+        two = runner.commit_group(list(second), 0)
+    else:
+        two = runner.commit_group(list(second), 0)
+        error = runner.flush(one)
+    runner.flushed(one, error)
+    if two is not None:
+        runner.flushed(two, runner.flush(two))
+    return [op.future.result() for op in first], [op.future.result() for op in second]
+
+
 def post(queue: str, *payloads: Any, thread: str | None = None, key: str | None = None) -> Any:
     return prepare_post(queue, [NewItem(payload=p, thread_id=thread, key=key) for p in payloads])
 
@@ -286,6 +311,19 @@ def run_workload(trace: Trace, lists: list[Path]) -> None:
         *(Result(item_id=x.row.id, result=x.payload) for x in again[:1]),
         Result(item_id=kp.id, result="kp done"),
     )
+    # Under load the next group commits while a group's files are flushed (``overlapped``):
+    # a post, and a claim that takes its file before or after that flush; then a post and
+    # that item's result, and a claim of the new one, likewise.
+    ((o1,),), ((taken,),) = overlapped(
+        [post("s", "o1")], [Claim(queue_name="s", max_items=1)], flushed_first=True
+    )
+    assert taken.row.id == o1.row.id
+    ((o2,), _verdict), ((taken,),) = overlapped(
+        [post("s", "o2"), Result(item_id=o1.row.id, result="o1 done")],
+        [Claim(queue_name="s", max_items=1)],
+        flushed_first=False,
+    )
+    assert taken.row.id == o2.row.id
     ((e, _f),) = group(post("q", "e", "f"))
     settings_changed(trace, "q", {"deadLetterQueue": "dead", "backoffSeconds": 0, "maxAttempts": 7})
     schedule_steps(trace)
