@@ -116,8 +116,18 @@ def _refused_root() -> TaskhosterError | None:
 def run_group(ops: list[Op[Any]], shard: int) -> None:
     """Run ``ops`` as one group, flush its files and answer them; never raises."""
     committed = commit_group(ops, shard)
-    if committed is not None:
+    if isinstance(committed, Split):
+        _one_by_one(committed.ops, shard)
+    elif committed is not None:
         flushed(committed, flush(committed))
+
+
+@dataclass
+class Split:
+    """A group that failed as a whole: its members are to be run one by one (by whoever
+    ran it, once nothing it flushes on another thread is pending: ``Committer._run``)."""
+
+    ops: list[Op[Any]]
 
 
 @dataclass
@@ -129,17 +139,19 @@ class Committed:
     after_flush: list[tuple[Op[Any], bool, Any]]
 
     def may_overlap(self) -> bool:
-        """Whether the next group may commit while this one's files are flushed: not a
-        rewrite of files a failed flush left (its marks and its bookkeeping wait for its
-        own flush, in order)."""
+        """Whether the next group may commit while this one's files are flushed: it has
+        files to flush, and it is not a rewrite of files a failed flush left (its marks and
+        its bookkeeping wait for its own flush, in order)."""
         g = self.group
-        return not (g.rewritten or g.set_aside or g.let_go)
+        return g.needs_flush and not (g.rewritten or g.set_aside or g.let_go)
 
 
-def commit_group(ops: list[Op[Any]], shard: int) -> Committed | None:
+def commit_group(ops: list[Op[Any]], shard: int) -> Committed | Split | None:
     """Run ``ops`` as one group, answer those answered at the commit, and return what waits
-    for the group's flush; None when the group is over (answered: it failed, or it wrote
-    nothing to flush, or it was run member by member). Never raises."""
+    for the group's flush (the rest, even when it wrote no file: a post sent again with its
+    key, found, waits for a flush of the group before it that may still run); ``Split``
+    when its members are to be run one by one; None when it is over (it failed, answered).
+    Never raises."""
     if not all(op.background for op in ops):
         pacing.mark_foreground()
     taken = _refused_root()
@@ -163,8 +175,7 @@ def commit_group(ops: list[Op[Any]], shard: int) -> Committed | None:
             # and rolled back. Its members one by one, so that those the refusal was not
             # about (another queue's, a verdict with no file to write) are not refused too.
             if len(ops) > 1:
-                _one_by_one(ops, shard)
-                return None
+                return Split(ops)
             refused = group.refused_keys()
             answer([(op, False, refused.get(id(op), exc)) for op in ops])
             return None
@@ -182,8 +193,7 @@ def commit_group(ops: list[Op[Any]], shard: int) -> Committed | None:
             # A concurrent post (another process) took one of our keys: run it again, and
             # it finds that item; a second failure is not a lost race, so isolate it.
             if len(ops) > 1:
-                _one_by_one(ops, shard)
-                return None
+                return Split(ops)
             if attempt == 2:
                 _fail_all(ops, exc)
                 return None
@@ -200,16 +210,11 @@ def commit_group(ops: list[Op[Any]], shard: int) -> Committed | None:
         except Exception as exc:
             if len(ops) > 1:
                 log.exception("group of %d failed; running its members one by one", len(ops))
-                _one_by_one(ops, shard)
-                return None
+                return Split(ops)
             log.exception("operation %r failed", ops[0])
             _fail_all(ops, exc)
             return None
         outcomes = group.outcomes()
-        if not group.needs_flush:
-            _forget_unflushed(group, flushed=True)  # (a rewrite that wrote nothing)
-            answer(outcomes)
-            return None
         now = [isinstance(op, ANSWERED_AT_COMMIT) or not ok for op, ok, _value in outcomes]
         answer([o for o, at_commit in zip(outcomes, now, strict=True) if at_commit])
         after_flush = [o for o, at_commit in zip(outcomes, now, strict=True) if not at_commit]
@@ -224,6 +229,8 @@ def commit_group(ops: list[Op[Any]], shard: int) -> Committed | None:
 def flush(committed: Committed) -> TaskhosterError | None:
     """Make a committed group's files durable: None, or why they could not be. Any thread
     (the flusher's, while the committer's next group runs): the store's calls alone."""
+    if not committed.group.needs_flush:
+        return None  # (a rewrite that wrote nothing, a group that only read)
     if fault("flush.slow"):
         time.sleep(slow_seconds())  # tests: the next group commits meanwhile
     try:
@@ -245,8 +252,9 @@ def _flush_overlapped(committed: Committed) -> TaskhosterError | None:
 
 
 def flushed(committed: Committed, error: TaskhosterError | None) -> None:
-    """After a committed group's flush (``error``: why it failed), in the committer's thread:
-    the bookkeeping of files written again or left unflushed, then the answers that waited."""
+    """After a committed group's flush (``error``: why it failed): the bookkeeping of files
+    written again or left unflushed, then the answers that waited. In the committer's
+    thread; a successful flush of a group that ``may_overlap`` in the flusher's too."""
     group, after_flush = committed.group, committed.after_flush
     if error is not None:
         quiet = bool(group.ops) and isinstance(group.ops[0], Rewrite)
@@ -578,19 +586,19 @@ class Committer:
         try:
             while True:
                 if time.monotonic() - adopted >= ADOPT_EVERY_SECONDS:
-                    self._settle()
+                    self._settled()
                     adopt_unflushed()  # (never raises)
                     adopted = time.monotonic()
                 if store().taken_up or store().unflushed:  # (at most once a second)
                     # Its own too, not only at the gate and when idle: groups that pass the
                     # gate (a producer's reads, which leave them to this) could keep it
                     # from both.
-                    self._settle()
+                    self._settled()
                     _unflushed_written_again(self.shard)
                 group = self._take()
                 if group is None:
                     if self.flushing is not None:
-                        self._settle()  # its flush is done (if it failed: answered here)
+                        self._settled()  # its flush is done (if it failed: answered here)
                         continue
                     if self._ended():
                         return
@@ -624,7 +632,7 @@ class Committer:
         started = time.perf_counter()
         if fault("committer.slow_group"):
             time.sleep(slow_seconds())  # a test's stand-in for a disk that stalls
-        committed: Committed | None = None
+        committed: Committed | Split | None = None
         try:
             committed = commit_group(group, self.shard)
         except BaseException:  # commit_group never raises; keep the committer alive anyway
@@ -632,7 +640,11 @@ class Committer:
             _fail_all(group, RuntimeError("the committer failed"))
         failed = self._settle()
         try:
-            if committed is not None and failed is not None:
+            if isinstance(committed, Split):
+                # Only now: each member is answered after its own flush, and so after the
+                # flush before (if that failed, the gate refuses them).
+                _one_by_one(committed.ops, self.shard)
+            elif committed is not None and failed is not None:
                 # The group before failed its flush, and this one committed on top of
                 # files that may never reach the disk: its own are not acknowledged either,
                 # and are written again with the rest.
@@ -673,9 +685,12 @@ class Committer:
                 RuntimeError("the committer failed"),
             )
             error = None
-        finally:
-            self.busy = False
         return error
+
+    def _settled(self) -> None:
+        """``_settle`` between groups: nothing is left unanswered then."""
+        self._settle()
+        self.busy = False
 
     def _flush_done(self) -> bool:
         """Whether a flush runs on the flusher's thread and is done (to settle)."""

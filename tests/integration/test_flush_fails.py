@@ -328,10 +328,11 @@ def test_a_group_that_committed_while_the_flush_before_it_failed_is_not_acknowle
     # (on a thread of its own). Should that flush fail, the next group committed on top of
     # files that may never reach the disk: nothing of it is acknowledged either, even where
     # its own flush would succeed, until the files of both are written again. Here the
-    # first post's group stalls between its commit and its flush (``post.slow_flush``)
-    # while four more posts come, so their group commits beside that flush, which the full
-    # disk refuses; then the disk has room again, before the second flush would start (it
-    # stalls: ``flush.slow``). Before, those four were acknowledged (201).
+    # first post's group stalls between its commit and its flush (``post.slow_flush``, 5 s:
+    # time enough for four more posts to come on a loaded machine), so their group commits
+    # beside that flush, which the full disk refuses; then the disk has room again, before
+    # their own flush would start (the second flush stalls: ``flush.slow@2``; with the rule,
+    # that is the rewrite's). Before, those four were acknowledged (201).
     key = make_key()
     bodies = [{"payload": {"n": n, "big": BIG}, "key": f"o{n}"} for n in range(5)]
     with disk_that_fails_its_writes(tmp_path) as (root, backing, image):
@@ -340,7 +341,7 @@ def test_a_group_that_committed_while_the_flush_before_it_failed_is_not_acknowle
             key,
             TASKHOSTER_FLUSH="fsync",
             TASKHOSTER_FAULT="post.slow_flush=1,flush.slow@2",
-            TASKHOSTER_FAULT_SLOW_SECONDS="3",
+            TASKHOSTER_FAULT_SLOW_SECONDS="5",
         ) as (server, http):
             assert http.put("/api/queues/q", json={}).status_code == 201
 
