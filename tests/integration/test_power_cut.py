@@ -214,7 +214,8 @@ def overlapped(first: list[Any], second: list[Any], *, flushed_first: bool) -> A
     for op in (*first, *second):
         op.future = Future()
     one = runner.commit_group(list(first), 0)
-    assert one is not None, "the first group writes files"
+    assert isinstance(one, runner.Committed)
+    assert one.may_overlap(), "the first group writes files, and may overlap the next"
     if flushed_first:
         error = runner.flush(one)
         two = runner.commit_group(list(second), 0)
@@ -222,8 +223,8 @@ def overlapped(first: list[Any], second: list[Any], *, flushed_first: bool) -> A
         two = runner.commit_group(list(second), 0)
         error = runner.flush(one)
     runner.flushed(one, error)
-    if two is not None:
-        runner.flushed(two, runner.flush(two))
+    assert isinstance(two, runner.Committed), "the second group commits"
+    runner.flushed(two, runner.flush(two))
     return [op.future.result() for op in first], [op.future.result() for op in second]
 
 
